@@ -1,0 +1,298 @@
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context.h"
+#include "core/device.h"
+#include "core/library.h"
+#include "core/log.h"
+#include "driver/driver.h"
+
+static void describe_context(const sci_object *obj, sc_object_info *info)
+{
+    const sci_context *c = (const sci_context *)obj;
+    snprintf(info->detail, sizeof info->detail, "device %d", c->device);
+}
+
+static const sci_kind_ops context_ops = {"context", describe_context, NULL};
+
+__attribute__((constructor)) static void register_context_kind(void)
+{
+    sci_registry_set_ops(SCI_KIND_CONTEXT, &context_ops);
+}
+
+/* ---- teardown hooks ---------------------------------------------------------------------- */
+
+#define SCI_MAX_TEARDOWN 8
+static struct {
+    sci_context_teardown_fn fn;
+    int order;
+} teardowns[SCI_MAX_TEARDOWN];
+static int n_teardowns;
+
+void sci_context_add_teardown(sci_context_teardown_fn fn, int order)
+{
+    if (n_teardowns == SCI_MAX_TEARDOWN)
+        return;
+    int i = n_teardowns++;
+    while (i > 0 && teardowns[i - 1].order > order) {
+        teardowns[i] = teardowns[i - 1];
+        i--;
+    }
+    teardowns[i].fn = fn;
+    teardowns[i].order = order;
+}
+
+/* ---- health and current context ---------------------------------------------------------- */
+
+static sc_status lost_error(sci_context *c, const char *fn)
+{
+    return sci_fail(SC_ERR_CONTEXT_LOST, fn,
+                    "the context on device %d (created at %s:%d) is lost: %s; destroy it "
+                    "(and, as CUDA requires after such errors, restart the process to use the "
+                    "device again)",
+                    c->device, sci_basename(c->obj.file), c->obj.line, c->lost_message);
+}
+
+sc_status sci_context_fail_cu(sci_context *c, CUresult r, const char *fn, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (sci_cu_error_is_sticky(r)) {
+        pthread_mutex_lock(&c->lock);
+        if (!atomic_load(&c->lost)) {
+            snprintf(c->lost_message, sizeof c->lost_message, "%s: %s: %s (%s)", fn, what,
+                     sci_cu_error_name(r), sci_cu_error_string(r));
+            atomic_store(&c->lost, true);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return lost_error(c, fn);
+    }
+    return sci_fail_cu(r, fn, "%s", what);
+}
+
+static sc_status make_current(sci_context *c, const char *fn)
+{
+    CUcontext cur = NULL;
+    if (sci_cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->cu)
+        return SC_OK;
+    CUresult r = sci_cuCtxSetCurrent(c->cu);
+    if (r != CUDA_SUCCESS)
+        return sci_context_fail_cu(c, r, fn, "cuCtxSetCurrent failed");
+    return SC_OK;
+}
+
+sc_status sci_context_enter(sci_context *c, const char *fn)
+{
+    if (atomic_load_explicit(&c->lost, memory_order_acquire))
+        return lost_error(c, fn);
+    return make_current(c, fn);
+}
+
+sc_status sci_context_acquire(sc_context h, const char *fn, sci_context **out)
+{
+    sci_object *obj;
+    sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_context *c = (sci_context *)obj;
+    s = sci_context_enter(c, fn);
+    if (s != SC_OK) {
+        sci_registry_release(obj);
+        return s;
+    }
+    *out = c;
+    return SC_OK;
+}
+
+void sci_context_release(sci_context *c) { sci_registry_release(&c->obj); }
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+
+sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, const char *file,
+                               int line)
+{
+    static const char fn[] = "sc_context_create";
+    SCI_CHECK_PTR(fn, out);
+    out->id = 0;
+    sc_context_desc d = desc ? *desc : (sc_context_desc){0};
+    CUdevice dev;
+    sc_status s = sci_device_get(d.device, fn, &dev);
+    if (s != SC_OK)
+        return s;
+
+    sci_context *c = calloc(1, sizeof *c);
+    if (!c)
+        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate a context");
+    c->device = d.device;
+    c->cu_device = dev;
+    c->vram_budget = d.vram_budget;
+    c->tracking = !d.disable_event_tracking;
+    pthread_mutex_init(&c->lock, NULL);
+    s = sci_device_props(d.device, dev, fn, &c->props);
+    if (s != SC_OK)
+        goto fail_free;
+
+    CUresult r = sci_cuDevicePrimaryCtxRetain(&c->cu, dev);
+    if (r != CUDA_SUCCESS) {
+        s = sci_fail_cu(r, fn, "cuDevicePrimaryCtxRetain(device %d) failed", d.device);
+        goto fail_free;
+    }
+    r = sci_cuCtxSetCurrent(c->cu);
+    if (r != CUDA_SUCCESS) {
+        s = sci_fail_cu(r, fn, "cuCtxSetCurrent(device %d) failed", d.device);
+        goto fail_release;
+    }
+    s = sci_registry_insert(&c->obj, SCI_KIND_CONTEXT, 0, NULL, file, line, fn);
+    if (s != SC_OK)
+        goto fail_release;
+    snprintf(c->obj.label, sizeof c->obj.label, "device %d", d.device);
+    out->id = c->obj.id;
+    return SC_OK;
+
+fail_release:
+    sci_cuDevicePrimaryCtxRelease(dev);
+fail_free:
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return s;
+}
+
+/* Kinds in the order their leaked objects are freed: users before what they use. */
+static const sci_kind destroy_order[] = {
+    SCI_KIND_MOE,    SCI_KIND_KERNEL, SCI_KIND_MODULE,      SCI_KIND_PROGRAM, SCI_KIND_EVENT,
+    SCI_KIND_BUFFER, SCI_KIND_HOST_BUFFER, SCI_KIND_STREAM, SCI_KIND_TEST_A,  SCI_KIND_TEST_B,
+};
+
+static size_t report_live(sci_context *c, const char *why)
+{
+    size_t n = sci_registry_describe(c->obj.id, NULL, 0);
+    if (n == 0)
+        return 0;
+    sc_object_info *list = calloc(n, sizeof *list);
+    if (!list) {
+        sci_log(SC_LOG_WARN, "%s: %zu live objects (no memory to list them)", why, n);
+        return n;
+    }
+    size_t got = sci_registry_describe(c->obj.id, list, n);
+    if (got < n)
+        n = got;
+    sci_log(SC_LOG_WARN, "%s: context on device %d (created at %s:%d) has %zu live object%s:",
+            why, c->device, sci_basename(c->obj.file), c->obj.line, n, n == 1 ? "" : "s");
+    for (size_t i = 0; i < n; i++)
+        sci_log(SC_LOG_WARN, "  %s '%s' %s, %llu bytes, created at %s:%d", list[i].kind,
+                list[i].label, list[i].detail, (unsigned long long)list[i].bytes, list[i].file,
+                list[i].line);
+    free(list);
+    return n;
+}
+
+sc_status sc_context_destroy(sc_context h)
+{
+    static const char fn[] = "sc_context_destroy";
+    sci_object *obj;
+    sc_status s = sci_registry_remove(SCI_KIND_CONTEXT, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_context *c = (sci_context *)obj;
+    sci_cuCtxSetCurrent(c->cu);
+
+    size_t leaked = report_live(c, fn);
+    for (size_t k = 0; k < sizeof destroy_order / sizeof destroy_order[0]; k++) {
+        uint64_t *ids;
+        size_t n = sci_registry_list(destroy_order[k], c->obj.id, &ids);
+        for (size_t i = 0; i < n; i++)
+            sci_registry_destroy_by_id(destroy_order[k], ids[i]);
+        free(ids);
+    }
+    sc_status result = SC_OK;
+    if (!atomic_load(&c->lost)) {
+        CUresult r = sci_cuCtxSynchronize();
+        if (r != CUDA_SUCCESS)
+            result = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");
+    }
+    for (int i = 0; i < n_teardowns; i++)
+        teardowns[i].fn(c);
+    sci_cuCtxSetCurrent(NULL);
+    sci_cuDevicePrimaryCtxRelease(c->cu_device);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    if (leaked && result == SC_OK)
+        result = sci_fail(SC_ERR_LEAKED, fn,
+                          "%zu object%s still alive at destroy (listed in the log) and now "
+                          "freed",
+                          leaked, leaked == 1 ? " was" : "s were");
+    return result;
+}
+
+/* ---- queries --------------------------------------------------------------------------------- */
+
+sc_status sc_context_device(sc_context h, int *device)
+{
+    SCI_CHECK_PTR("sc_context_device", device);
+    sci_object *obj;
+    sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, "sc_context_device", &obj);
+    if (s != SC_OK)
+        return s;
+    *device = ((sci_context *)obj)->device;
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
+sc_status sc_context_synchronize(sc_context h)
+{
+    static const char fn[] = "sc_context_synchronize";
+    sci_context *c;
+    sc_status s = sci_context_acquire(h, fn, &c);
+    if (s != SC_OK)
+        return s;
+    CUresult r = sci_cuCtxSynchronize();
+    if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");
+    sci_context_release(c);
+    return s;
+}
+
+sc_status sc_context_check(sc_context h)
+{
+    sci_context *c;
+    sc_status s = sci_context_acquire(h, "sc_context_check", &c);
+    if (s != SC_OK)
+        return s;
+    sci_context_release(c);
+    return SC_OK;
+}
+
+sc_status sc_context_live_objects(sc_context h, sc_object_info *out, size_t capacity,
+                                  size_t *count)
+{
+    static const char fn[] = "sc_context_live_objects";
+    SCI_CHECK_PTR(fn, count);
+    if (!out && capacity)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out is NULL but capacity is %zu",
+                        capacity);
+    sci_object *obj;
+    sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    *count = sci_registry_describe(obj->id, out, capacity);
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
+sc_status sc_context_live_report(sc_context h, size_t *count)
+{
+    sci_object *obj;
+    sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, "sc_context_live_report", &obj);
+    if (s != SC_OK)
+        return s;
+    size_t n = report_live((sci_context *)obj, "sc_context_live_report");
+    sci_registry_release(obj);
+    if (count)
+        *count = n;
+    return SC_OK;
+}

@@ -1,0 +1,269 @@
+/* Own declarations of the parts of the CUDA driver API and NVRTC that safecuda uses.
+ *
+ * No toolkit header is needed to build safecuda: the types, constants and function
+ * signatures below follow the CUDA 12.4 ABI, and every driver entry point is resolved at
+ * run time through cuGetProcAddress with the version named in its table row, so the driver
+ * hands back the variant (_v2, _v3, ...) whose ABI matches these declarations.
+ *
+ * Only src/driver/ includes this file's function tables; the rest of the library calls
+ * the sci_cu_* / sci_nvrtc_* wrappers declared at the end (one per entry point), which
+ * count calls and carry the fault-injection hook used by the reliability tests. */
+#ifndef SAFECUDA_DRIVER_CUDA_API_H
+#define SAFECUDA_DRIVER_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- driver types ------------------------------------------------------------------ */
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef uint64_t cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+typedef void (*CUhostFn)(void *user);
+typedef size_t (*CUoccupancyB2DSize)(int block_size);
+
+typedef enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_ECC_UNCORRECTABLE = 214,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    CUDA_ERROR_CONTAINED = 226,
+    CUDA_ERROR_INVALID_SOURCE = 300,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_ASSERT = 710,
+    CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
+    CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716,
+    CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
+    CUDA_ERROR_INVALID_PC = 718,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
+    CUDA_ERROR_UNKNOWN = 999
+} CUresult;
+
+typedef enum {
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+    CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+    CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK = 12,
+    CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+    CU_DEVICE_ATTRIBUTE_ECC_ENABLED = 32,
+    CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+    CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+    CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT = 40,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
+    CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+} CUdevice_attribute;
+
+typedef enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+    CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+} CUfunction_attribute;
+
+typedef enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
+} CUmemPool_attribute;
+
+typedef enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 } CUmemAllocationType;
+typedef enum { CU_MEM_HANDLE_TYPE_NONE = 0 } CUmemAllocationHandleType;
+typedef enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 } CUmemLocationType;
+typedef struct { CUmemLocationType type; int id; } CUmemLocation;
+typedef struct {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef int CUjit_option;
+
+enum {
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_EVENT_DEFAULT = 0,
+    CU_EVENT_BLOCKING_SYNC = 1,
+    CU_EVENT_DISABLE_TIMING = 2,
+    CU_MEMHOSTALLOC_PORTABLE = 1
+};
+
+/* ---- driver entry points --------------------------------------------------------------
+ * X(name, cuda version to resolve with, required?, parameter list, argument list) */
+#define SCI_CU_FUNCS(X)                                                                        \
+    X(cuDriverGetVersion, 2020, 1, (int *v), (v))                                              \
+    X(cuGetErrorName, 6000, 1, (CUresult e, const char **s), (e, s))                           \
+    X(cuGetErrorString, 6000, 1, (CUresult e, const char **s), (e, s))                         \
+    X(cuDeviceGetCount, 2000, 1, (int *n), (n))                                                \
+    X(cuDeviceGet, 2000, 1, (CUdevice * d, int ordinal), (d, ordinal))                         \
+    X(cuDeviceGetName, 2000, 1, (char *name, int len, CUdevice d), (name, len, d))             \
+    X(cuDeviceGetUuid, 11040, 1, (CUuuid * u, CUdevice d), (u, d))                             \
+    X(cuDeviceGetPCIBusId, 4010, 1, (char *id, int len, CUdevice d), (id, len, d))             \
+    X(cuDeviceTotalMem, 3020, 1, (size_t * bytes, CUdevice d), (bytes, d))                     \
+    X(cuDeviceGetAttribute, 2000, 1, (int *v, CUdevice_attribute a, CUdevice d), (v, a, d))    \
+    X(cuDevicePrimaryCtxRetain, 7000, 1, (CUcontext * c, CUdevice d), (c, d))                  \
+    X(cuDevicePrimaryCtxRelease, 11000, 1, (CUdevice d), (d))                                  \
+    X(cuDevicePrimaryCtxGetState, 7000, 1, (CUdevice d, unsigned *flags, int *active),         \
+      (d, flags, active))                                                                      \
+    X(cuCtxSetCurrent, 4000, 1, (CUcontext c), (c))                                            \
+    X(cuCtxGetCurrent, 4000, 1, (CUcontext * c), (c))                                          \
+    X(cuCtxSynchronize, 2000, 1, (void), ())                                                   \
+    X(cuCtxGetStreamPriorityRange, 5050, 1, (int *least, int *greatest), (least, greatest))   \
+    X(cuMemGetInfo, 3020, 1, (size_t * free_bytes, size_t * total), (free_bytes, total))       \
+    X(cuMemAlloc, 3020, 1, (CUdeviceptr * p, size_t n), (p, n))                                \
+    X(cuMemFree, 3020, 1, (CUdeviceptr p), (p))                                                \
+    X(cuMemPoolCreate, 11020, 1, (CUmemoryPool * p, const CUmemPoolProps *props), (p, props))  \
+    X(cuMemPoolDestroy, 11020, 1, (CUmemoryPool p), (p))                                       \
+    X(cuMemPoolSetAttribute, 11020, 1, (CUmemoryPool p, CUmemPool_attribute a, void *v),       \
+      (p, a, v))                                                                               \
+    X(cuMemPoolGetAttribute, 11020, 1, (CUmemoryPool p, CUmemPool_attribute a, void *v),       \
+      (p, a, v))                                                                               \
+    X(cuMemPoolTrimTo, 11020, 1, (CUmemoryPool p, size_t keep), (p, keep))                     \
+    X(cuMemAllocFromPoolAsync, 11020, 1,                                                       \
+      (CUdeviceptr * p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s))             \
+    X(cuMemFreeAsync, 11020, 1, (CUdeviceptr p, CUstream s), (p, s))                           \
+    X(cuMemHostAlloc, 3020, 1, (void **p, size_t n, unsigned flags), (p, n, flags))            \
+    X(cuMemFreeHost, 2000, 1, (void *p), (p))                                                  \
+    X(cuMemcpyHtoDAsync, 3020, 1, (CUdeviceptr d, const void *h, size_t n, CUstream s),        \
+      (d, h, n, s))                                                                            \
+    X(cuMemcpyDtoHAsync, 3020, 1, (void *h, CUdeviceptr d, size_t n, CUstream s),              \
+      (h, d, n, s))                                                                            \
+    X(cuMemcpyDtoDAsync, 3020, 1, (CUdeviceptr d, CUdeviceptr s_, size_t n, CUstream s),       \
+      (d, s_, n, s))                                                                           \
+    X(cuMemsetD8Async, 3020, 1, (CUdeviceptr d, unsigned char v, size_t n, CUstream s),        \
+      (d, v, n, s))                                                                            \
+    X(cuMemsetD16Async, 3020, 1, (CUdeviceptr d, unsigned short v, size_t n, CUstream s),      \
+      (d, v, n, s))                                                                            \
+    X(cuMemsetD32Async, 3020, 1, (CUdeviceptr d, unsigned v, size_t n, CUstream s),            \
+      (d, v, n, s))                                                                            \
+    X(cuMemsetD2D32Async, 3020, 1,                                                             \
+      (CUdeviceptr d, size_t pitch, unsigned v, size_t w, size_t h, CUstream s),               \
+      (d, pitch, v, w, h, s))                                                                  \
+    X(cuStreamCreateWithPriority, 5050, 1, (CUstream * s, unsigned flags, int prio),           \
+      (s, flags, prio))                                                                        \
+    X(cuStreamDestroy, 4000, 1, (CUstream s), (s))                                             \
+    X(cuStreamSynchronize, 2000, 1, (CUstream s), (s))                                         \
+    X(cuStreamQuery, 2000, 1, (CUstream s), (s))                                               \
+    X(cuStreamWaitEvent, 3020, 1, (CUstream s, CUevent e, unsigned flags), (s, e, flags))      \
+    X(cuLaunchHostFunc, 10000, 1, (CUstream s, CUhostFn fn, void *user), (s, fn, user))        \
+    X(cuEventCreate, 2000, 1, (CUevent * e, unsigned flags), (e, flags))                       \
+    X(cuEventDestroy, 4000, 1, (CUevent e), (e))                                               \
+    X(cuEventRecord, 2000, 1, (CUevent e, CUstream s), (e, s))                                 \
+    X(cuEventSynchronize, 2000, 1, (CUevent e), (e))                                           \
+    X(cuEventQuery, 2000, 1, (CUevent e), (e))                                                 \
+    X(cuEventElapsedTime, 2000, 1, (float *ms, CUevent a, CUevent b), (ms, a, b))              \
+    X(cuModuleLoadDataEx, 2010, 1,                                                             \
+      (CUmodule * m, const void *image, unsigned n, CUjit_option *opts, void **vals),          \
+      (m, image, n, opts, vals))                                                               \
+    X(cuModuleUnload, 2000, 1, (CUmodule m), (m))                                              \
+    X(cuModuleGetFunction, 2000, 1, (CUfunction * f, CUmodule m, const char *name),            \
+      (f, m, name))                                                                            \
+    X(cuFuncGetAttribute, 2020, 1, (int *v, CUfunction_attribute a, CUfunction f), (v, a, f))  \
+    X(cuFuncSetAttribute, 9000, 1, (CUfunction f, CUfunction_attribute a, int v), (f, a, v))   \
+    X(cuFuncGetParamInfo, 12040, 0, (CUfunction f, size_t i, size_t *off, size_t *size),       \
+      (f, i, off, size))                                                                       \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 1,                                    \
+      (int *n, CUfunction f, int block, size_t dyn), (n, f, block, dyn))                       \
+    X(cuOccupancyMaxPotentialBlockSize, 6050, 1,                                               \
+      (int *grid, int *block, CUfunction f, CUoccupancyB2DSize fn, size_t dyn, int limit),     \
+      (grid, block, f, fn, dyn, limit))                                                        \
+    X(cuLaunchKernel, 4000, 1,                                                                 \
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,          \
+       unsigned bz, unsigned shared, CUstream s, void **params, void **extra),                 \
+      (f, gx, gy, gz, bx, by, bz, shared, s, params, extra))
+
+/* ---- NVRTC ------------------------------------------------------------------------------ */
+typedef int nvrtcResult; /* NVRTC_SUCCESS == 0 */
+typedef struct _nvrtcProgram *nvrtcProgram;
+enum { NVRTC_SUCCESS = 0, NVRTC_ERROR_COMPILATION = 6 };
+/* nvrtcGetErrorString returns a string and is resolved apart from the table below. */
+
+/* X(name, required?, parameter list, argument list) */
+#define SCI_NVRTC_FUNCS(X)                                                                     \
+    X(nvrtcVersion, 1, (int *major, int *minor), (major, minor))                               \
+    X(nvrtcGetNumSupportedArchs, 0, (int *n), (n))                                             \
+    X(nvrtcGetSupportedArchs, 0, (int *archs), (archs))                                        \
+    X(nvrtcCreateProgram, 1,                                                                   \
+      (nvrtcProgram * p, const char *src, const char *name, int nh, const char *const *hs,     \
+       const char *const *hn),                                                                 \
+      (p, src, name, nh, hs, hn))                                                              \
+    X(nvrtcDestroyProgram, 1, (nvrtcProgram * p), (p))                                         \
+    X(nvrtcCompileProgram, 1, (nvrtcProgram p, int n, const char *const *opts), (p, n, opts))  \
+    X(nvrtcGetProgramLogSize, 1, (nvrtcProgram p, size_t *n), (p, n))                          \
+    X(nvrtcGetProgramLog, 1, (nvrtcProgram p, char *log), (p, log))                            \
+    X(nvrtcGetPTXSize, 1, (nvrtcProgram p, size_t *n), (p, n))                                 \
+    X(nvrtcGetPTX, 1, (nvrtcProgram p, char *ptx), (p, ptx))                                   \
+    X(nvrtcGetCUBINSize, 0, (nvrtcProgram p, size_t *n), (p, n))                               \
+    X(nvrtcGetCUBIN, 0, (nvrtcProgram p, char *cubin), (p, cubin))                             \
+    X(nvrtcAddNameExpression, 1, (nvrtcProgram p, const char *expr), (p, expr))                \
+    X(nvrtcGetLoweredName, 1, (nvrtcProgram p, const char *expr, const char **lowered),        \
+      (p, expr, lowered))
+
+/* ---- the wrappers the rest of the library calls ------------------------------------------ */
+#define SCI_DECLARE_CU(name, ver, req, params, args) CUresult sci_##name params;
+SCI_CU_FUNCS(SCI_DECLARE_CU)
+#undef SCI_DECLARE_CU
+
+#define SCI_DECLARE_NVRTC(name, req, params, args) nvrtcResult sci_##name params;
+SCI_NVRTC_FUNCS(SCI_DECLARE_NVRTC)
+#undef SCI_DECLARE_NVRTC
+
+#endif

@@ -1,0 +1,261 @@
+/* Run-time loading of libcuda and resolution of the driver entry points. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/driver.h"
+#include "driver/table.h"
+
+struct sci_cu_table sci_cu_table;
+
+typedef CUresult (*pfn_init)(unsigned);
+typedef CUresult (*pfn_version)(int *);
+typedef CUresult (*pfn_get_proc)(const char *, void **, int, cuuint64_t, int *);
+typedef CUresult (*pfn_error_text)(CUresult, const char **);
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static sc_status load_status = SC_ERR_NO_DRIVER;
+static char load_message[2048];
+static char library_path[1024];
+static int cuda_version;
+static bool has_devices;
+static void *handle;
+
+static void appendf(char *buf, size_t size, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    if (len + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, size - len, fmt, ap);
+    va_end(ap);
+}
+
+/* The file a dlopen handle came from (the name given may have been a bare soname). */
+static void handle_path(void *h, const char *fallback, char *out, size_t size)
+{
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+        snprintf(out, size, "%s", lm->l_name);
+    else
+        snprintf(out, size, "%s", fallback);
+}
+
+static const char *const install_hint =
+    "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it";
+
+static void fail(const char *fmt, ...)
+{
+    load_status = SC_ERR_NO_DRIVER;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(load_message, sizeof load_message, fmt, ap);
+    va_end(ap);
+    if (handle)
+        dlclose(handle);
+    handle = NULL;
+    memset(&sci_cu_table, 0, sizeof sci_cu_table);
+}
+
+static void load(void)
+{
+    const char *override = getenv("SAFECUDA_LIBCUDA");
+    const char *defaults[] = {"libcuda.so.1", "libcuda.so"};
+    const char *const *names = defaults;
+    size_t n_names = 2;
+    if (override && override[0]) {
+        names = &override;
+        n_names = 1;
+    }
+
+    char tried[1536] = "";
+    for (size_t i = 0; i < n_names && !handle; i++) {
+        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!handle) {
+            const char *why = dlerror();
+            appendf(tried, sizeof tried, "%s%s (%s)", tried[0] ? "; " : "", names[i],
+                    why ? why : "not found");
+        } else {
+            handle_path(handle, names[i], library_path, sizeof library_path);
+        }
+    }
+    if (!handle) {
+        if (override && override[0])
+            fail("cannot load the CUDA driver library from SAFECUDA_LIBCUDA=%s: tried %s; %s",
+                 override, tried, install_hint);
+        else
+            fail("cannot load the CUDA driver library: tried %s; %s", tried, install_hint);
+        return;
+    }
+
+    pfn_init init = (pfn_init)(uintptr_t)dlsym(handle, "cuInit");
+    pfn_version version = (pfn_version)(uintptr_t)dlsym(handle, "cuDriverGetVersion");
+    pfn_get_proc get_proc = (pfn_get_proc)(uintptr_t)dlsym(handle, "cuGetProcAddress_v2");
+    if (!init || !version) {
+        fail("%s is not a CUDA driver library (it lacks cuInit/cuDriverGetVersion); %s",
+             library_path, install_hint);
+        return;
+    }
+
+    CUresult r = init(0);
+    if (r == CUDA_ERROR_STUB_LIBRARY || strstr(library_path, "/stubs/")) {
+        fail("found only the CUDA toolkit's stub driver library %s (its calls answer "
+             "CUDA_ERROR_STUB_LIBRARY): no NVIDIA driver is installed on this machine; %s",
+             library_path, install_hint);
+        return;
+    }
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NO_DEVICE) {
+        pfn_error_text name_fn = (pfn_error_text)(uintptr_t)dlsym(handle, "cuGetErrorName");
+        const char *name = NULL;
+        if (!name_fn || name_fn(r, &name) != CUDA_SUCCESS || !name)
+            name = sci_cu_error_name(r);
+        fail("cuInit failed with %s (%d) in %s: the driver is installed but not usable "
+             "(kernel module not loaded, version mismatch or no permission on /dev/nvidia*)",
+             name, (int)r, library_path);
+        return;
+    }
+    has_devices = (r == CUDA_SUCCESS);
+
+    if (version(&cuda_version) != CUDA_SUCCESS) {
+        fail("cuDriverGetVersion failed in %s", library_path);
+        return;
+    }
+    if (cuda_version < SCI_CUDA_MIN_VERSION || !get_proc) {
+        fail("the NVIDIA driver at %s supports CUDA %d.%d; safecuda needs CUDA %d.%d or "
+             "newer: update the NVIDIA driver",
+             library_path, cuda_version / 1000, (cuda_version % 1000) / 10,
+             SCI_CUDA_MIN_VERSION / 1000, (SCI_CUDA_MIN_VERSION % 1000) / 10);
+        return;
+    }
+
+    for (size_t i = 0; i < sci_cu_entry_count; i++) {
+        const struct sci_cu_entry *e = &sci_cu_entries[i];
+        void *fn = NULL;
+        int query = 0;
+        int want = e->version < cuda_version ? e->version : cuda_version;
+        CUresult gr = get_proc(e->name, &fn, want, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &query);
+        if (gr != CUDA_SUCCESS || query != CU_GET_PROC_ADDRESS_SUCCESS)
+            fn = NULL;
+        if (!fn && e->required) {
+            fail("the NVIDIA driver at %s (CUDA %d.%d) lacks the entry point %s (query "
+                 "result %d): update the NVIDIA driver",
+                 library_path, cuda_version / 1000, (cuda_version % 1000) / 10, e->name,
+                 query);
+            return;
+        }
+        *(void **)((char *)&sci_cu_table + e->offset) = fn;
+    }
+    load_status = SC_OK;
+    snprintf(load_message, sizeof load_message, "loaded %s (CUDA %d.%d)", library_path,
+             cuda_version / 1000, (cuda_version % 1000) / 10);
+}
+
+sc_status sci_driver_load(void)
+{
+    pthread_once(&load_once, load);
+    return load_status;
+}
+
+const char *sci_driver_load_message(void) { return load_message; }
+int sci_driver_cuda_version(void) { return cuda_version; }
+const char *sci_driver_library_path(void) { return library_path; }
+bool sci_driver_has_devices(void) { return has_devices; }
+bool sci_driver_has_param_info(void) { return sci_cu_table.cuFuncGetParamInfo != NULL; }
+
+/* ---- error names ----------------------------------------------------------------------- */
+
+static const struct {
+    CUresult code;
+    const char *name;
+    const char *text;
+} known_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY",
+     "CUDA driver is a stub library"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
+     "no kernel image is available for execution on the device"},
+    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX",
+     "a PTX JIT compilation failed"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+     "too many resources requested for launch"},
+    {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT",
+     "the launch timed out and was terminated"},
+    {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", "device-side assert triggered"},
+    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR",
+     "an illegal memory access was encountered"},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+     "an illegal instruction was encountered"},
+    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"},
+    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+     "operation not supported on global/shared address space"},
+    {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC", "invalid program counter"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static const char *builtin_error(CUresult r, int which)
+{
+    for (size_t i = 0; i < sizeof known_errors / sizeof known_errors[0]; i++)
+        if (known_errors[i].code == r)
+            return which ? known_errors[i].text : known_errors[i].name;
+    return which ? "unrecognized error code" : "CUDA_ERROR_UNRECOGNIZED";
+}
+
+const char *sci_cu_error_name(CUresult r)
+{
+    const char *s = NULL;
+    if (load_status == SC_OK && sci_cu_table.cuGetErrorName &&
+        sci_cu_table.cuGetErrorName(r, &s) == CUDA_SUCCESS && s)
+        return s;
+    return builtin_error(r, 0);
+}
+
+const char *sci_cu_error_string(CUresult r)
+{
+    const char *s = NULL;
+    if (load_status == SC_OK && sci_cu_table.cuGetErrorString &&
+        sci_cu_table.cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
+        return s;
+    return builtin_error(r, 1);
+}
+
+bool sci_cu_error_is_sticky(CUresult r)
+{
+    switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTAINED:
+        return true;
+    default:
+        return false;
+    }
+}

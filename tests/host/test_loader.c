@@ -1,0 +1,88 @@
+/* Loading libcuda and NVRTC: each mode runs in its own process (loading happens once),
+ * with the environment CTest sets for it. */
+#include "../test.h"
+
+static void no_driver_everywhere(const char *needle)
+{
+    for (int i = 0; i < 2; i++) { /* the answer is stable */
+        CHECK_STATUS(sc_init(), SC_ERR_NO_DRIVER);
+        CHECK_MSG("sc_init: ");
+        CHECK_MSG(needle);
+        CHECK_MSG("install the NVIDIA driver");
+    }
+    int n = 5, v = 0;
+    CHECK_STATUS(sc_device_count(&n), SC_ERR_NO_DRIVER);
+    CHECK(n == 0);
+    CHECK_MSG("sc_device_count: ");
+    CHECK_STATUS(sc_driver_version(&v), SC_ERR_NO_DRIVER);
+    sc_device_props p;
+    CHECK_STATUS(sc_device_info(0, &p), SC_ERR_NO_DRIVER);
+    CHECK_MSG("sc_device_info: ");
+    uint64_t f, t;
+    CHECK_STATUS(sc_device_memory(0, &f, &t), SC_ERR_NO_DRIVER);
+    sc_context ctx = {12345};
+    CHECK_STATUS(sc_context_create(&(sc_context_desc){.device = 0}, &ctx), SC_ERR_NO_DRIVER);
+    CHECK(ctx.id == 0);
+    CHECK_MSG("sc_context_create: ");
+    CHECK_MSG(needle);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "missing") == 0) {
+        /* SAFECUDA_LIBCUDA points at a file that does not exist. */
+        no_driver_everywhere(getenv("SAFECUDA_LIBCUDA"));
+        CHECK_MSG("SAFECUDA_LIBCUDA=");
+    } else if (strcmp(mode, "stub") == 0) {
+        no_driver_everywhere("stub driver library");
+        CHECK_MSG("CUDA_ERROR_STUB_LIBRARY");
+        CHECK_MSG(getenv("SAFECUDA_LIBCUDA"));
+    } else if (strcmp(mode, "toolkit-stub") == 0) {
+        const char *path = getenv("SAFECUDA_LIBCUDA");
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            printf("skipped: no CUDA toolkit stub at %s\n", path);
+            return TEST_SKIP;
+        }
+        fclose(f);
+        no_driver_everywhere("stub driver library");
+    } else if (strcmp(mode, "not-a-driver") == 0) {
+        no_driver_everywhere("is not a CUDA driver library");
+    } else if (strcmp(mode, "default") == 0) {
+        /* Whatever this machine has: a working driver, or a clear reason. */
+        sc_status s = sc_init();
+        if (s == SC_OK) {
+            char path[512];
+            CHECK_OK(sc_driver_path(path, sizeof path));
+            CHECK(strstr(path, "libcuda") != NULL);
+            int v = 0;
+            CHECK_OK(sc_driver_version(&v));
+            CHECK(v >= 12000);
+        } else {
+            CHECK(s == SC_ERR_NO_DRIVER);
+            CHECK_MSG("libcuda.so.1");
+        }
+    } else if (strcmp(mode, "nvrtc-missing") == 0) {
+        int major, minor;
+        CHECK_STATUS(sc_compiler_version(&major, &minor), SC_ERR_NO_COMPILER);
+        CHECK_MSG("sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
+        CHECK_MSG(getenv("SAFECUDA_NVRTC"));
+    } else if (strcmp(mode, "nvrtc") == 0) {
+        int major = 0, minor = 0;
+        sc_status s = sc_compiler_version(&major, &minor);
+        if (s == SC_ERR_NO_COMPILER) {
+            CHECK_MSG("tried libnvrtc.so.13");
+            printf("skipped: %s\n", sc_last_error());
+            return test_failures ? 1 : TEST_SKIP;
+        }
+        CHECK_OK(s);
+        CHECK(major >= 11);
+    } else {
+        fprintf(stderr, "unknown mode '%s'\n", mode);
+        return 1;
+    }
+    CHECK_STATUS(sc_driver_version(NULL), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("sc_driver_version: argument 'version' is NULL");
+    return test_result(mode);
+}

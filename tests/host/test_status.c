@@ -1,0 +1,85 @@
+/* Status names, error messages and checked arithmetic. */
+#include <pthread.h>
+
+#include "../test.h"
+#include "core/error.h"
+
+static void *other_thread(void *arg)
+{
+    (void)arg;
+    /* A fresh thread has no message, whatever the main thread's is. */
+    int empty = sc_last_error()[0] == '\0';
+    sci_fail(SC_ERR_BUSY, "thread_fn", "value %d", 2);
+    return (void *)(intptr_t)empty;
+}
+
+int main(void)
+{
+    /* Every enum value has its own name, spelled as in the header. */
+    for (int i = 0; i < SC_STATUS_COUNT; i++) {
+        const char *name = sc_status_name((sc_status)i);
+        CHECK(name != NULL);
+        CHECK(strncmp(name, "SC_", 3) == 0);
+        CHECK(strcmp(name, "SC_STATUS_UNKNOWN") != 0);
+        for (int j = 0; j < i; j++)
+            CHECK(strcmp(name, sc_status_name((sc_status)j)) != 0);
+    }
+    CHECK(strcmp(sc_status_name(SC_OK), "SC_OK") == 0);
+    CHECK(strcmp(sc_status_name(SC_ERR_STALE_HANDLE), "SC_ERR_STALE_HANDLE") == 0);
+    CHECK(strcmp(sc_status_name(SC_ERR_CONTEXT_LOST), "SC_ERR_CONTEXT_LOST") == 0);
+    CHECK(strcmp(sc_status_name(SC_STATUS_COUNT), "SC_STATUS_UNKNOWN") == 0);
+    CHECK(strcmp(sc_status_name((sc_status)-1), "SC_STATUS_UNKNOWN") == 0);
+
+    /* Messages name the function and the values. */
+    sc_clear_error();
+    CHECK(sc_last_error()[0] == '\0');
+    CHECK(sci_fail(SC_ERR_OUT_OF_BOUNDS, "sc_copy_to_host", "elements [%d, %d) outside %d",
+                   200, 300, 256) == SC_ERR_OUT_OF_BOUNDS);
+    CHECK(strcmp(sc_last_error(), "sc_copy_to_host: elements [200, 300) outside 256") == 0);
+    sci_error_append("; more");
+    CHECK_MSG("outside 256; more");
+
+    /* Driver errors keep the CUDA name and text (built-in table without a driver). */
+    CHECK(sci_fail_cu(CUDA_ERROR_ILLEGAL_ADDRESS, "sc_stream_synchronize", "stream %d", 3) ==
+          SC_ERR_CONTEXT_LOST);
+    CHECK_MSG("sc_stream_synchronize: stream 3: CUDA_ERROR_ILLEGAL_ADDRESS");
+    CHECK_MSG("illegal memory access");
+    CHECK(sci_fail_cu(CUDA_ERROR_OUT_OF_MEMORY, "f", "x") == SC_ERR_OUT_OF_MEMORY);
+    CHECK(sci_fail_cu(CUDA_ERROR_INVALID_VALUE, "f", "x") == SC_ERR_DRIVER);
+    CHECK_MSG("CUDA_ERROR_INVALID_VALUE");
+    CHECK(sci_fail_cu((CUresult)12345, "f", "x") == SC_ERR_DRIVER);
+    CHECK_MSG("CUDA_ERROR_UNRECOGNIZED");
+    CHECK(sci_status_from_cu(CUDA_SUCCESS) == SC_OK);
+    CHECK(sci_status_from_cu(CUDA_ERROR_LAUNCH_FAILED) == SC_ERR_CONTEXT_LOST);
+    CHECK(sci_status_from_cu(CUDA_ERROR_NOT_READY) == SC_ERR_NOT_READY);
+
+    /* Long messages are truncated, never overflow. */
+    char big[40000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    sci_fail(SC_ERR_COMPILE, "sc_program_create", "%s", big);
+    CHECK(strlen(sc_last_error()) < sizeof big);
+    CHECK(strncmp(sc_last_error(), "sc_program_create: xxx", 22) == 0);
+
+    /* The message is per thread. */
+    sci_fail(SC_ERR_IO, "main_fn", "here");
+    pthread_t t;
+    void *empty = NULL;
+    pthread_create(&t, NULL, other_thread, NULL);
+    pthread_join(t, &empty);
+    CHECK(empty == (void *)1);
+    CHECK(strcmp(sc_last_error(), "main_fn: here") == 0);
+
+    /* Checked arithmetic. */
+    uint64_t out = 0;
+    CHECK(sci_mul_ok(1u << 20, 4, &out) && out == (1u << 22));
+    CHECK(!sci_mul_ok(UINT64_MAX / 2 + 1, 2, &out));
+    CHECK(sci_add_ok(UINT64_MAX - 1, 1, &out) && out == UINT64_MAX);
+    CHECK(!sci_add_ok(UINT64_MAX, 1, &out));
+
+    CHECK(strcmp(sci_basename("/a/b/demo.c"), "demo.c") == 0);
+    CHECK(strcmp(sci_basename("demo.c"), "demo.c") == 0);
+    CHECK(strcmp(sci_basename(NULL), "?") == 0);
+    CHECK(strcmp(sc_version_string(), "0.1.0") == 0);
+    return test_result("test_status");
+}
