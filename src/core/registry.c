@@ -164,7 +164,7 @@ sc_status sci_registry_acquire(sci_kind kind, uint64_t id, const char *fn, sci_o
 {
     registry *r = &registries[kind];
     pthread_mutex_lock(&r->lock);
-    entry *e;
+    entry *e = NULL;
     sc_status s = find(r, kind, id, fn, &e);
     if (s == SC_OK) {
         e->refs++;
@@ -188,7 +188,7 @@ sc_status sci_registry_remove(sci_kind kind, uint64_t id, const char *fn, sci_ob
 {
     registry *r = &registries[kind];
     pthread_mutex_lock(&r->lock);
-    entry *e;
+    entry *e = NULL;
     sc_status s = find(r, kind, id, fn, &e);
     if (s != SC_OK) {
         pthread_mutex_unlock(&r->lock);
