@@ -137,7 +137,8 @@ static int cmd_info(int argc, char **argv)
             printf("  compute capability   %d.%d (sm_%d%d)\n", p.cc_major, p.cc_minor,
                    p.cc_major, p.cc_minor);
             printf("  multiprocessors      %d\n", p.sm_count);
-            printf("  memory               %.2f GiB total, %.2f GiB free (%llu / %llu bytes)\n",
+            printf("  memory               %.2f GiB total, %.2f GiB free (%llu total, %llu free "
+                   "bytes)\n",
                    gib(total_b), gib(free_b), (unsigned long long)total_b,
                    (unsigned long long)free_b);
             printf("  memory bus           %d bits at %d MHz: %.1f GB/s theoretical\n",
