@@ -161,7 +161,12 @@ typedef struct sc_context { uint64_t id; } sc_context;
 typedef struct sc_context_desc {
     int device;            /* device ordinal */
     uint64_t vram_budget;  /* bytes this context may hold in buffers; 0 = no budget */
-    bool disable_event_tracking; /* order buffers across streams by hand (see streams) */
+    /* Turn off the automatic ordering of buffers used on several streams. The caller then
+     * owes the ordering: before a buffer is used on stream B after a conflicting use on
+     * stream A (a write then a read, a read then a write, two writes), record an event on
+     * A and make B wait on it (sc_event_record, sc_stream_wait). Destroying a buffer stays
+     * safe either way: it is freed only after its work on every stream. */
+    bool disable_event_tracking;
 } sc_context_desc;
 
 /* Create a context over the device's primary context (retained; released on destroy).
@@ -205,6 +210,235 @@ SC_API sc_status sc_context_live_objects(sc_context ctx, sc_object_info *out, si
 /* Write the list of live objects through the log callback; *count (may be NULL) gets the
  * number. */
 SC_API sc_status sc_context_live_report(sc_context ctx, size_t *count);
+
+/* Memory held by the context and the device (sc_context_memory). */
+typedef struct sc_memory_stats {
+    uint64_t bytes_in_use;   /* bytes of the context's live buffers */
+    uint64_t peak_bytes;     /* the most bytes_in_use has been since the context began */
+    uint64_t live_buffers;
+    uint64_t vram_budget;    /* 0 = none */
+    uint64_t pool_reserved;  /* device memory the context's pool holds (in use + cached) */
+    uint64_t pinned_bytes;   /* bytes of the context's live pinned host buffers */
+    uint64_t device_free;    /* the device's free memory now */
+    uint64_t device_total;
+} sc_memory_stats;
+
+SC_API sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats);
+
+/* Wait for the context's work, then return the pool's cached (unused) device memory to
+ * the device. Buffers are allocated from a per-context pool that keeps freed memory for
+ * reuse; this gives it back. */
+SC_API sc_status sc_context_trim(sc_context ctx);
+
+/* ======================================================================================
+ * Element types
+ * ==================================================================================== */
+
+typedef enum sc_dtype {
+    SC_DTYPE_INVALID = 0,
+    SC_U8, SC_I8, SC_U16, SC_I16, SC_U32, SC_I32, SC_U64, SC_I64,
+    SC_F16, SC_BF16, SC_F32, SC_F64,
+    SC_DTYPE_COUNT
+} sc_dtype;
+
+/* Bytes per element (0 for an invalid dtype) and the short name ("f32", "bf16", ...;
+ * "invalid" for an invalid dtype). */
+SC_API size_t sc_dtype_size(sc_dtype dtype);
+SC_API const char *sc_dtype_name(sc_dtype dtype);
+
+/* ======================================================================================
+ * Streams and events
+ *
+ * Every operation runs on a stream. The zero handle SC_DEFAULT_STREAM means the context's
+ * default stream (a non-blocking stream the context creates on first use). Operations on
+ * one stream run in order. With event tracking on (the default), an operation that
+ * touches a buffer last used on another stream first waits for that use when the two
+ * conflict (read-after-write, write-after-read, write-after-write); operations on one
+ * stream add no waits. See sc_context_desc.disable_event_tracking.
+ * ==================================================================================== */
+
+typedef struct sc_stream { uint64_t id; } sc_stream;
+typedef struct sc_event { uint64_t id; } sc_event;
+#define SC_DEFAULT_STREAM ((sc_stream){0})
+
+typedef struct sc_stream_desc {
+    int priority;       /* 0 = default; lower numbers run first (CUDA's convention), the
+                           value is clamped to the device's range */
+    bool blocking;      /* synchronize with the legacy default stream (rarely wanted) */
+    const char *label;
+} sc_stream_desc;
+
+SC_API sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc,
+                                     sc_stream *stream, const char *file, int line);
+#define sc_stream_create(ctx, desc, stream) \
+    sc_stream_create_at((ctx), (desc), (stream), __FILE__, __LINE__)
+
+/* Finish the stream's queued work, then destroy it. The default stream can't be
+ * destroyed (it goes with its context). */
+SC_API sc_status sc_stream_destroy(sc_stream stream);
+
+/* The context's default stream as a handle (it is never reported as a leak). */
+SC_API sc_status sc_context_default_stream(sc_context ctx, sc_stream *stream);
+
+/* Wait until the stream's queued work is done. */
+SC_API sc_status sc_stream_synchronize(sc_stream stream);
+/* SC_OK when all queued work is done, SC_ERR_NOT_READY while some is running. */
+SC_API sc_status sc_stream_query(sc_stream stream);
+/* Make later work on stream wait until event's last record has completed. */
+SC_API sc_status sc_stream_wait(sc_stream stream, sc_event event);
+/* The stream's clamped priority. */
+SC_API sc_status sc_stream_priority(sc_stream stream, int *priority);
+
+typedef struct sc_event_desc {
+    bool timing;        /* record timestamps for sc_event_elapsed */
+    bool blocking_sync; /* synchronize by sleeping rather than spinning */
+    const char *label;
+} sc_event_desc;
+
+SC_API sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc,
+                                    sc_event *event, const char *file, int line);
+#define sc_event_create(ctx, desc, event) \
+    sc_event_create_at((ctx), (desc), (event), __FILE__, __LINE__)
+SC_API sc_status sc_event_destroy(sc_event event);
+SC_API sc_status sc_event_record(sc_event event, sc_stream stream);
+SC_API sc_status sc_event_synchronize(sc_event event);
+/* SC_OK when the recorded work is done, SC_ERR_NOT_READY while it runs. */
+SC_API sc_status sc_event_query(sc_event event);
+/* Milliseconds between two recorded timing events (start, end). */
+SC_API sc_status sc_event_elapsed(sc_event start, sc_event end, float *ms);
+
+/* ======================================================================================
+ * Device buffers and views
+ * ==================================================================================== */
+
+typedef struct sc_buffer { uint64_t id; } sc_buffer;
+
+typedef struct sc_buffer_desc {
+    sc_dtype dtype;
+    uint64_t count;      /* elements; must be at least 1 (zero-count buffers are refused) */
+    const char *label;   /* shown in messages and leak reports */
+    bool zero;           /* fill with zero bytes after allocation (on the stream) */
+    sc_stream stream;    /* the stream that allocates (default: the default stream) */
+} sc_buffer_desc;
+
+/* Allocate stream-ordered from the context's pool. Fails with SC_ERR_BUDGET_EXCEEDED past
+ * the context's vram_budget and SC_ERR_OUT_OF_MEMORY when the device has no room; the
+ * context stays usable after either. The memory is uninitialised unless desc->zero. */
+SC_API sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc,
+                                     sc_buffer *buffer, const char *file, int line);
+#define sc_buffer_create(ctx, desc, buffer) \
+    sc_buffer_create_at((ctx), (desc), (buffer), __FILE__, __LINE__)
+
+/* Free the buffer after all work queued on it on any stream (stream-ordered: the call
+ * does not wait). Later uses of the handle, or of views of it, are SC_ERR_STALE_HANDLE. */
+SC_API sc_status sc_buffer_destroy(sc_buffer buffer);
+
+typedef struct sc_buffer_props {
+    sc_dtype dtype;
+    uint64_t count;
+    uint64_t bytes;
+    char label[64];
+    const char *file;  /* creation site (basename) */
+    int line;
+    sc_context context;
+} sc_buffer_props;
+
+SC_API sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props);
+
+/* UNCHECKED escape hatch for interop: the buffer's device address. safecuda can't see
+ * what is done through it: no bounds checks, no stream ordering, and the address dangles
+ * once the buffer is destroyed. Synchronize the buffer's streams before using it
+ * elsewhere. */
+SC_API sc_status sc_buffer_device_ptr(sc_buffer buffer, uint64_t *device_ptr);
+
+/* A view: a range of a buffer's elements, passed by value and checked at every use (a
+ * view of a destroyed buffer is SC_ERR_STALE_HANDLE). count SC_WHOLE means "to the end of
+ * the buffer", so sc_view_of(b) names the whole buffer whatever its size. */
+typedef struct sc_view {
+    sc_buffer buffer;
+    uint64_t offset; /* elements */
+    uint64_t count;  /* elements, or SC_WHOLE */
+} sc_view;
+#define SC_WHOLE UINT64_MAX
+
+static inline sc_view sc_view_of(sc_buffer buffer)
+{
+    sc_view v = {buffer, 0, SC_WHOLE};
+    return v;
+}
+
+/* A checked view of elements [offset, offset + count) of the buffer (count may be
+ * SC_WHOLE). The result has an explicit count. */
+SC_API sc_status sc_buffer_view(sc_buffer buffer, uint64_t offset, uint64_t count,
+                                sc_view *view);
+/* A view of elements [offset, offset + count) of a view. */
+SC_API sc_status sc_view_sub(sc_view view, uint64_t offset, uint64_t count, sc_view *sub);
+
+/* ======================================================================================
+ * Pinned host buffers
+ *
+ * Page-locked host memory for asynchronous copies. The memory is reached through
+ * sc_host_buffer_ptr, which first waits for every copy in flight that uses the buffer;
+ * the pointer may be used until the next copy that uses the buffer is enqueued, after
+ * which it must be fetched again. sc_host_buffer_write / _read copy in and out with the
+ * same wait. Destroying a host buffer waits for its copies too.
+ * ==================================================================================== */
+
+typedef struct sc_host_buffer { uint64_t id; } sc_host_buffer;
+
+typedef struct sc_host_buffer_desc {
+    uint64_t bytes;     /* at least 1 */
+    const char *label;
+    bool zero;          /* fill with zero bytes */
+} sc_host_buffer_desc;
+
+SC_API sc_status sc_host_buffer_create_at(sc_context ctx, const sc_host_buffer_desc *desc,
+                                          sc_host_buffer *host, const char *file, int line);
+#define sc_host_buffer_create(ctx, desc, host) \
+    sc_host_buffer_create_at((ctx), (desc), (host), __FILE__, __LINE__)
+SC_API sc_status sc_host_buffer_destroy(sc_host_buffer host);
+/* SC_ERR_BUSY (and nothing destroyed) while a copy using it is in flight. */
+SC_API sc_status sc_host_buffer_try_destroy(sc_host_buffer host);
+
+/* Wait for the copies in flight, then give the memory's address and size. */
+SC_API sc_status sc_host_buffer_ptr(sc_host_buffer host, void **ptr, uint64_t *bytes);
+/* SC_ERR_BUSY instead of waiting. */
+SC_API sc_status sc_host_buffer_try_ptr(sc_host_buffer host, void **ptr, uint64_t *bytes);
+/* Wait for the copies in flight, then copy bytes in or out at a byte offset. */
+SC_API sc_status sc_host_buffer_write(sc_host_buffer host, uint64_t offset, const void *src,
+                                      uint64_t bytes);
+SC_API sc_status sc_host_buffer_read(sc_host_buffer host, uint64_t offset, void *dst,
+                                     uint64_t bytes);
+
+/* ======================================================================================
+ * Copies and fills
+ *
+ * Every copy checks the views against their buffers, sizes against each other (host
+ * sizes are in bytes and must equal the view's bytes), element types (device-to-device
+ * views must have the same dtype), contexts, and overflow. A zero-element view is a
+ * no-op. The stream argument may be SC_DEFAULT_STREAM.
+ * ==================================================================================== */
+
+/* From pageable host memory: returns once src may be reused (the copy may still be in
+ * flight on the stream). */
+SC_API sc_status sc_copy_from_host(sc_stream stream, sc_view dst, const void *src,
+                                   uint64_t bytes);
+/* To pageable host memory: returns when dst holds the data. */
+SC_API sc_status sc_copy_to_host(sc_stream stream, void *dst, uint64_t bytes, sc_view src);
+
+/* Asynchronous, from/to a pinned host buffer at a byte offset; the host buffer is
+ * tracked so it can't be rewritten, read or freed while the copy is in flight. */
+SC_API sc_status sc_copy_from_host_buffer(sc_stream stream, sc_view dst, sc_host_buffer src,
+                                          uint64_t src_offset);
+SC_API sc_status sc_copy_to_host_buffer(sc_stream stream, sc_host_buffer dst,
+                                        uint64_t dst_offset, sc_view src);
+
+/* Device to device within one context; the views must not overlap. */
+SC_API sc_status sc_copy(sc_stream stream, sc_view dst, sc_view src);
+
+/* Set every element of dst to *value, which points at one element of dst's dtype
+ * (e.g. a float for SC_F32, a uint16_t bit pattern for SC_BF16). */
+SC_API sc_status sc_fill(sc_stream stream, sc_view dst, const void *value);
 
 #ifdef __cplusplus
 }

@@ -95,7 +95,7 @@ sc_status sci_context_enter(sci_context *c, const char *fn)
 
 sc_status sci_context_acquire(sc_context h, const char *fn, sci_context **out)
 {
-    sci_object *obj;
+    sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, fn, &obj);
     if (s != SC_OK)
         return s;
@@ -194,7 +194,7 @@ static size_t report_live(sci_context *c, const char *why)
 sc_status sc_context_destroy(sc_context h)
 {
     static const char fn[] = "sc_context_destroy";
-    sci_object *obj;
+    sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_CONTEXT, h.id, fn, &obj);
     if (s != SC_OK)
         return s;
@@ -234,7 +234,7 @@ sc_status sc_context_destroy(sc_context h)
 sc_status sc_context_device(sc_context h, int *device)
 {
     SCI_CHECK_PTR("sc_context_device", device);
-    sci_object *obj;
+    sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, "sc_context_device", &obj);
     if (s != SC_OK)
         return s;
@@ -246,7 +246,7 @@ sc_status sc_context_device(sc_context h, int *device)
 sc_status sc_context_synchronize(sc_context h)
 {
     static const char fn[] = "sc_context_synchronize";
-    sci_context *c;
+    sci_context *c = NULL;
     sc_status s = sci_context_acquire(h, fn, &c);
     if (s != SC_OK)
         return s;
@@ -259,7 +259,7 @@ sc_status sc_context_synchronize(sc_context h)
 
 sc_status sc_context_check(sc_context h)
 {
-    sci_context *c;
+    sci_context *c = NULL;
     sc_status s = sci_context_acquire(h, "sc_context_check", &c);
     if (s != SC_OK)
         return s;
@@ -275,7 +275,7 @@ sc_status sc_context_live_objects(sc_context h, sc_object_info *out, size_t capa
     if (!out && capacity)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out is NULL but capacity is %zu",
                         capacity);
-    sci_object *obj;
+    sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, fn, &obj);
     if (s != SC_OK)
         return s;
@@ -286,7 +286,7 @@ sc_status sc_context_live_objects(sc_context h, sc_object_info *out, size_t capa
 
 sc_status sc_context_live_report(sc_context h, size_t *count)
 {
-    sci_object *obj;
+    sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_CONTEXT, h.id, "sc_context_live_report", &obj);
     if (s != SC_OK)
         return s;

@@ -22,8 +22,9 @@ typedef struct sci_context {
     uint64_t bytes_in_use;
     uint64_t peak_bytes;
     uint64_t live_buffers;
-    CUmemoryPool pool;      /* created by src/memory/ on first use */
-    CUstream default_stream; /* created by src/stream/ on first use */
+    uint64_t pinned_bytes;
+    CUmemoryPool pool;           /* created by src/memory/ on first use */
+    uint64_t default_stream_id;  /* created by src/stream/ on first use */
 
     atomic_bool lost;
     char lost_message[1024];

@@ -227,14 +227,19 @@ static int by_serial(const void *a, const void *b)
     return (x->serial > y->serial) - (x->serial < y->serial);
 }
 
+static bool listed(const entry *e, uint64_t owner, bool with_internal)
+{
+    return e->obj && !e->removing && (owner == 0 || e->obj->owner == owner) &&
+           (with_internal || !e->obj->internal);
+}
+
 /* Under r->lock: the live objects of owner, sorted by creation; malloc'd. */
-static size_t collect(registry *r, uint64_t owner, sci_object ***out)
+static size_t collect(registry *r, uint64_t owner, bool with_internal, sci_object ***out)
 {
     *out = NULL;
     size_t n = 0;
     for (uint32_t i = 0; i < r->used; i++)
-        if (r->entries[i].obj && !r->entries[i].removing &&
-            (owner == 0 || r->entries[i].obj->owner == owner))
+        if (listed(&r->entries[i], owner, with_internal))
             n++;
     if (n == 0)
         return 0;
@@ -243,8 +248,7 @@ static size_t collect(registry *r, uint64_t owner, sci_object ***out)
         return 0;
     size_t k = 0;
     for (uint32_t i = 0; i < r->used; i++)
-        if (r->entries[i].obj && !r->entries[i].removing &&
-            (owner == 0 || r->entries[i].obj->owner == owner))
+        if (listed(&r->entries[i], owner, with_internal))
             list[k++] = r->entries[i].obj;
     qsort(list, n, sizeof *list, by_serial);
     *out = list;
@@ -257,7 +261,7 @@ size_t sci_registry_list(sci_kind kind, uint64_t owner, uint64_t **ids)
     *ids = NULL;
     pthread_mutex_lock(&r->lock);
     sci_object **list;
-    size_t n = collect(r, owner, &list);
+    size_t n = collect(r, owner, true, &list);
     uint64_t *out = n ? malloc(n * sizeof *out) : NULL;
     if (n && !out)
         n = 0;
@@ -276,7 +280,7 @@ size_t sci_registry_describe(uint64_t owner, sc_object_info *out, size_t capacit
         registry *r = &registries[k];
         pthread_mutex_lock(&r->lock);
         sci_object **list;
-        size_t n = collect(r, owner, &list);
+        size_t n = collect(r, owner, false, &list);
         for (size_t i = 0; i < n; i++, total++) {
             if (total >= capacity || !out)
                 continue;

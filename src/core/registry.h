@@ -14,6 +14,7 @@
 #ifndef SAFECUDA_CORE_REGISTRY_H
 #define SAFECUDA_CORE_REGISTRY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -46,6 +47,7 @@ typedef struct sci_object {
     const char *file;
     int line;
     char label[64];
+    bool internal;   /* owned by the library (e.g. a default stream): never a leak */
 } sci_object;
 
 /* What a kind tells the registry: its name, how to describe an object in a leak report,
@@ -71,12 +73,12 @@ void sci_registry_release(sci_object *obj);
  * caller then frees. The caller must not hold a reference to it. */
 sc_status sci_registry_remove(sci_kind kind, uint64_t id, const char *fn, sci_object **out);
 
-/* The ids of the live objects of `kind` owned by `owner`, in creation order (malloc'd;
- * the caller frees). owner 0 lists every object of the kind. */
+/* The ids of the live objects of `kind` owned by `owner` (internal ones included), in
+ * creation order (malloc'd; the caller frees). owner 0 lists every object of the kind. */
 size_t sci_registry_list(sci_kind kind, uint64_t owner, uint64_t **ids);
 
-/* Describe the live objects of every kind owned by owner, in creation order (kind by
- * kind). Writes up to capacity entries; returns the total count. */
+/* Describe the live user objects (internal ones left out) of every kind owned by owner,
+ * in creation order (kind by kind). Writes up to capacity entries; returns the count. */
 size_t sci_registry_describe(uint64_t owner, sc_object_info *out, size_t capacity);
 
 /* Destroy a (leaked) object through its kind's destroy function. */

@@ -143,7 +143,9 @@ enum {
     CU_EVENT_DEFAULT = 0,
     CU_EVENT_BLOCKING_SYNC = 1,
     CU_EVENT_DISABLE_TIMING = 2,
-    CU_MEMHOSTALLOC_PORTABLE = 1
+    CU_MEMHOSTALLOC_PORTABLE = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_MEMORYTYPE_HOST = 1
 };
 
 /* ---- driver entry points --------------------------------------------------------------
@@ -182,6 +184,7 @@ enum {
     X(cuMemFreeAsync, 11020, 1, (CUdeviceptr p, CUstream s), (p, s))                           \
     X(cuMemHostAlloc, 3020, 1, (void **p, size_t n, unsigned flags), (p, n, flags))            \
     X(cuMemFreeHost, 2000, 1, (void *p), (p))                                                  \
+    X(cuPointerGetAttribute, 4000, 1, (void *data, int attr, CUdeviceptr p), (data, attr, p))  \
     X(cuMemcpyHtoDAsync, 3020, 1, (CUdeviceptr d, const void *h, size_t n, CUstream s),        \
       (d, h, n, s))                                                                            \
     X(cuMemcpyDtoHAsync, 3020, 1, (void *h, CUdeviceptr d, size_t n, CUstream s),              \

@@ -1,0 +1,297 @@
+/* Device buffers and views. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "memory/buffer.h"
+#include "memory/pool.h"
+
+static sc_status buffer_destroy(uint64_t id, const char *fn);
+
+static void describe_buffer(const sci_object *obj, sc_object_info *info)
+{
+    const sci_buffer *b = (const sci_buffer *)obj;
+    snprintf(info->detail, sizeof info->detail, "%llu x %s", (unsigned long long)b->count,
+             sc_dtype_name(b->dtype));
+    info->bytes = b->bytes;
+}
+
+static void destroy_leaked_buffer(uint64_t id) { buffer_destroy(id, "sc_context_destroy"); }
+
+static const sci_kind_ops buffer_ops = {"buffer", describe_buffer, destroy_leaked_buffer};
+
+__attribute__((constructor)) static void register_buffer_kind(void)
+{
+    sci_registry_set_ops(SCI_KIND_BUFFER, &buffer_ops);
+}
+
+const char *sci_buffer_describe(const sci_buffer *b, char *buf, size_t size)
+{
+    snprintf(buf, size, "buffer '%s' of %llu %s (created at %s:%d)", b->obj.label,
+             (unsigned long long)b->count, sc_dtype_name(b->dtype), sci_basename(b->obj.file),
+             b->obj.line);
+    return buf;
+}
+
+sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buffer *buffer,
+                              const char *file, int line)
+{
+    static const char fn[] = "sc_buffer_create";
+    SCI_CHECK_PTR(fn, buffer);
+    buffer->id = 0;
+    SCI_CHECK_PTR(fn, desc);
+    const char *label = desc->label ? desc->label : "";
+    size_t esize = sc_dtype_size(desc->dtype);
+    if (esize == 0)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "'%s': invalid dtype %d", label,
+                        (int)desc->dtype);
+    if (desc->count == 0)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "'%s': count is 0 (zero-element buffers are not allowed)", label);
+    uint64_t bytes;
+    if (!sci_mul_ok(desc->count, esize, &bytes))
+        return sci_fail(SC_ERR_OVERFLOW, fn, "'%s': %llu x %s overflows 64-bit byte sizes",
+                        label, (unsigned long long)desc->count, sc_dtype_name(desc->dtype));
+
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = NULL;
+    s = sci_stream_resolve(desc->stream, c, fn, &st);
+    if (s != SC_OK) {
+        sci_context_release(c);
+        return s;
+    }
+    sci_buffer *b = calloc(1, sizeof *b);
+    if (!b) {
+        s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate a buffer record");
+        goto out;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "'%s' (%llu x %s)", label, (unsigned long long)desc->count,
+             sc_dtype_name(desc->dtype));
+    s = sci_device_alloc(c, st, bytes, what, fn, &b->ptr);
+    if (s != SC_OK) {
+        free(b);
+        goto out;
+    }
+    if (desc->zero) {
+        CUresult r = sci_cuMemsetD8Async(b->ptr, 0, bytes, st->cu);
+        if (r != CUDA_SUCCESS) {
+            s = sci_context_fail_cu(c, r, fn, "zeroing %s failed", what);
+            sci_device_free(c, st->cu, b->ptr, bytes);
+            free(b);
+            goto out;
+        }
+    }
+    b->ctx = c;
+    b->dtype = desc->dtype;
+    b->count = desc->count;
+    b->bytes = bytes;
+    s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, c->obj.id, label, file, line, fn);
+    if (s != SC_OK) {
+        sci_device_free(c, st->cu, b->ptr, bytes);
+        free(b);
+        goto out;
+    }
+    /* The allocation (and the zeroing) is the buffer's first write, on st. */
+    sci_tracker_init(&b->tracker, b->obj.id);
+    sci_access acc = {&b->tracker, SCI_WRITE};
+    sci_access_begin(&acc, 1, st, false, fn);
+    sci_access_end(&acc, 1, st, true);
+    buffer->id = b->obj.id;
+out:
+    sci_stream_release(st);
+    sci_context_release(c);
+    return s;
+}
+
+/* The stream to free on: the last stream that used the buffer if it still exists, else
+ * the default stream. Returns a referenced stream. */
+static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
+{
+    uint64_t id = sci_tracker_last_stream(&b->tracker);
+    if (id) {
+        sci_object *obj = NULL;
+        if (sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj) == SC_OK) {
+            *out = (sci_stream *)obj;
+            return SC_OK;
+        }
+    }
+    return sci_context_default_stream(b->ctx, fn, out);
+}
+
+static sc_status buffer_destroy(uint64_t id, const char *fn)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_remove(SCI_KIND_BUFFER, id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_buffer *b = (sci_buffer *)obj;
+    sci_context *c = b->ctx;
+    s = sci_context_enter(c, fn);
+    if (s == SC_OK) {
+        /* Free stream-ordered after every use on every stream. */
+        sci_stream *st = NULL;
+        s = free_stream(b, fn, &st);
+        if (s == SC_OK) {
+            pthread_mutex_lock(&b->tracker.lock);
+            s = sci_tracker_order_all(&b->tracker, st, fn);
+            pthread_mutex_unlock(&b->tracker.lock);
+            if (s != SC_OK) /* could not order the free: wait for everything instead */
+                sci_cuCtxSynchronize();
+            sci_device_free(c, st->cu, b->ptr, b->bytes);
+            sci_stream_release(st);
+        } else {
+            sci_cuCtxSynchronize();
+            sci_device_free(c, NULL, b->ptr, b->bytes);
+        }
+    } else {
+        sci_device_free(c, NULL, b->ptr, b->bytes); /* lost: only the accounting */
+        s = SC_OK; /* the buffer is gone either way */
+    }
+    sci_tracker_destroy(&b->tracker);
+    free(b);
+    return s;
+}
+
+sc_status sc_buffer_destroy(sc_buffer buffer)
+{
+    return buffer_destroy(buffer.id, "sc_buffer_destroy");
+}
+
+sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props)
+{
+    static const char fn[] = "sc_buffer_info";
+    SCI_CHECK_PTR(fn, props);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    const sci_buffer *b = (const sci_buffer *)obj;
+    props->dtype = b->dtype;
+    props->count = b->count;
+    props->bytes = b->bytes;
+    snprintf(props->label, sizeof props->label, "%s", b->obj.label);
+    props->file = sci_basename(b->obj.file);
+    props->line = b->obj.line;
+    props->context.id = b->ctx->obj.id;
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
+sc_status sc_buffer_device_ptr(sc_buffer buffer, uint64_t *device_ptr)
+{
+    static const char fn[] = "sc_buffer_device_ptr";
+    SCI_CHECK_PTR(fn, device_ptr);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    *device_ptr = ((sci_buffer *)obj)->ptr;
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
+/* ---- views ---------------------------------------------------------------------------- */
+
+sc_status sci_view_resolve(sc_view v, const char *fn, const char *what, sci_resolved_view *out)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_BUFFER, v.buffer.id, fn, &obj);
+    if (s != SC_OK) {
+        if (what && what[0])
+            sci_error_append(" (%s)", what);
+        return s;
+    }
+    sci_buffer *b = (sci_buffer *)obj;
+    uint64_t count = v.count, end;
+    char desc[200];
+    if (count == SC_WHOLE) {
+        if (v.offset > b->count) {
+            sci_registry_release(obj);
+            return sci_fail(SC_ERR_OUT_OF_BOUNDS, fn, "%s%sview offset %llu is past the end of %s",
+                            what, what[0] ? ": " : "", (unsigned long long)v.offset,
+                            sci_buffer_describe(b, desc, sizeof desc));
+        }
+        count = b->count - v.offset;
+    }
+    if (!sci_add_ok(v.offset, count, &end)) {
+        sci_registry_release(obj);
+        return sci_fail(SC_ERR_OVERFLOW, fn,
+                        "%s%sview offset %llu + count %llu overflows (%s)", what,
+                        what[0] ? ": " : "", (unsigned long long)v.offset,
+                        (unsigned long long)count, sci_buffer_describe(b, desc, sizeof desc));
+    }
+    if (end > b->count) {
+        sci_registry_release(obj);
+        return sci_fail(SC_ERR_OUT_OF_BOUNDS, fn, "%s%selements [%llu, %llu) outside %s", what,
+                        what[0] ? ": " : "", (unsigned long long)v.offset,
+                        (unsigned long long)end, sci_buffer_describe(b, desc, sizeof desc));
+    }
+    out->buf = b;
+    out->offset = v.offset;
+    out->count = count;
+    out->bytes = count * sc_dtype_size(b->dtype);
+    out->ptr = b->ptr + v.offset * sc_dtype_size(b->dtype);
+    return SC_OK;
+}
+
+void sci_view_release(sci_resolved_view *rv)
+{
+    if (rv->buf)
+        sci_registry_release(&rv->buf->obj);
+    rv->buf = NULL;
+}
+
+sc_status sc_buffer_view(sc_buffer buffer, uint64_t offset, uint64_t count, sc_view *view)
+{
+    static const char fn[] = "sc_buffer_view";
+    SCI_CHECK_PTR(fn, view);
+    sci_resolved_view rv = {0};
+    sc_status s = sci_view_resolve((sc_view){buffer, offset, count}, fn, "", &rv);
+    if (s != SC_OK)
+        return s;
+    *view = (sc_view){buffer, rv.offset, rv.count};
+    sci_view_release(&rv);
+    return SC_OK;
+}
+
+sc_status sc_view_sub(sc_view view, uint64_t offset, uint64_t count, sc_view *sub)
+{
+    static const char fn[] = "sc_view_sub";
+    SCI_CHECK_PTR(fn, sub);
+    sci_resolved_view rv = {0};
+    sc_status s = sci_view_resolve(view, fn, "view", &rv);
+    if (s != SC_OK)
+        return s;
+    uint64_t end;
+    char desc[200];
+    if (count == SC_WHOLE) {
+        if (offset > rv.count) {
+            s = sci_fail(SC_ERR_OUT_OF_BOUNDS, fn,
+                         "sub-view offset %llu is past the end of a %llu-element view of %s",
+                         (unsigned long long)offset, (unsigned long long)rv.count,
+                         sci_buffer_describe(rv.buf, desc, sizeof desc));
+            goto out;
+        }
+        count = rv.count - offset;
+    }
+    if (!sci_add_ok(offset, count, &end)) {
+        s = sci_fail(SC_ERR_OVERFLOW, fn, "sub-view offset %llu + count %llu overflows",
+                     (unsigned long long)offset, (unsigned long long)count);
+        goto out;
+    }
+    if (end > rv.count) {
+        s = sci_fail(SC_ERR_OUT_OF_BOUNDS, fn,
+                     "elements [%llu, %llu) outside a %llu-element view (at offset %llu) of %s",
+                     (unsigned long long)offset, (unsigned long long)end,
+                     (unsigned long long)rv.count, (unsigned long long)rv.offset,
+                     sci_buffer_describe(rv.buf, desc, sizeof desc));
+        goto out;
+    }
+    *sub = (sc_view){view.buffer, rv.offset + offset, count};
+out:
+    sci_view_release(&rv);
+    return s;
+}

@@ -1,0 +1,154 @@
+#include <stdio.h>
+
+#include "memory/pool.h"
+
+static void destroy_pool(sci_context *c)
+{
+    if (c->pool) {
+        sci_cuMemPoolDestroy(c->pool);
+        c->pool = NULL;
+    }
+}
+
+__attribute__((constructor)) static void register_pool_teardown(void)
+{
+    sci_context_add_teardown(destroy_pool, 10);
+}
+
+sc_status sci_context_pool(sci_context *c, const char *fn, CUmemoryPool *pool)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->pool) {
+        CUmemPoolProps props = {0};
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = c->device;
+        CUmemoryPool p;
+        CUresult r = sci_cuMemPoolCreate(&p, &props);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&c->lock);
+            return sci_context_fail_cu(c, r, fn, "cuMemPoolCreate(device %d) failed", c->device);
+        }
+        /* Keep freed memory cached for reuse (sc_context_trim gives it back). */
+        cuuint64_t keep = UINT64_MAX;
+        sci_cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+        c->pool = p;
+    }
+    *pool = c->pool;
+    pthread_mutex_unlock(&c->lock);
+    return SC_OK;
+}
+
+sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, const char *what,
+                           const char *fn, CUdeviceptr *ptr)
+{
+    CUmemoryPool pool = NULL;
+    sc_status s = sci_context_pool(c, fn, &pool);
+    if (s != SC_OK)
+        return s;
+
+    /* Reserve the bytes against the budget first, so concurrent allocations can't both
+     * pass the check. */
+    pthread_mutex_lock(&c->lock);
+    uint64_t in_use = c->bytes_in_use, after;
+    if (!sci_add_ok(in_use, bytes, &after) || (c->vram_budget && after > c->vram_budget)) {
+        pthread_mutex_unlock(&c->lock);
+        return sci_fail(SC_ERR_BUDGET_EXCEEDED, fn,
+                        "%s needs %llu bytes; the context uses %llu of its VRAM budget of %llu "
+                        "bytes (%llu bytes left)",
+                        what, (unsigned long long)bytes, (unsigned long long)in_use,
+                        (unsigned long long)c->vram_budget,
+                        (unsigned long long)(c->vram_budget > in_use ? c->vram_budget - in_use
+                                                                     : 0));
+    }
+    c->bytes_in_use = after;
+    pthread_mutex_unlock(&c->lock);
+
+    CUresult r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* Give the pool's cached memory back to the device and try once more. */
+        sci_cuCtxSynchronize();
+        sci_cuMemPoolTrimTo(pool, 0);
+        r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
+    }
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_lock(&c->lock);
+        c->bytes_in_use -= bytes;
+        uint64_t used = c->bytes_in_use;
+        pthread_mutex_unlock(&c->lock);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            size_t free_b = 0, total_b = 0;
+            sci_cuMemGetInfo(&free_b, &total_b);
+            return sci_fail(SC_ERR_OUT_OF_MEMORY, fn,
+                            "%s needs %llu bytes; the device has %llu of %llu bytes free and "
+                            "the context uses %llu bytes: CUDA_ERROR_OUT_OF_MEMORY",
+                            what, (unsigned long long)bytes, (unsigned long long)free_b,
+                            (unsigned long long)total_b, (unsigned long long)used);
+        }
+        return sci_context_fail_cu(c, r, fn, "cuMemAllocFromPoolAsync(%llu bytes) for %s",
+                                   (unsigned long long)bytes, what);
+    }
+    pthread_mutex_lock(&c->lock);
+    if (c->bytes_in_use > c->peak_bytes)
+        c->peak_bytes = c->bytes_in_use;
+    c->live_buffers++;
+    pthread_mutex_unlock(&c->lock);
+    return SC_OK;
+}
+
+void sci_device_free(sci_context *c, CUstream stream, CUdeviceptr ptr, uint64_t bytes)
+{
+    if (!atomic_load(&c->lost))
+        sci_cuMemFreeAsync(ptr, stream);
+    pthread_mutex_lock(&c->lock);
+    c->bytes_in_use -= bytes;
+    c->live_buffers--;
+    pthread_mutex_unlock(&c->lock);
+}
+
+sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
+{
+    static const char fn[] = "sc_context_memory";
+    SCI_CHECK_PTR(fn, stats);
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    pthread_mutex_lock(&c->lock);
+    stats->bytes_in_use = c->bytes_in_use;
+    stats->peak_bytes = c->peak_bytes;
+    stats->live_buffers = c->live_buffers;
+    stats->vram_budget = c->vram_budget;
+    stats->pinned_bytes = c->pinned_bytes;
+    CUmemoryPool pool = c->pool;
+    pthread_mutex_unlock(&c->lock);
+    cuuint64_t reserved = 0;
+    if (pool)
+        sci_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    stats->pool_reserved = reserved;
+    size_t free_b = 0, total_b = 0;
+    CUresult r = sci_cuMemGetInfo(&free_b, &total_b);
+    if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(c, r, fn, "cuMemGetInfo failed");
+    stats->device_free = free_b;
+    stats->device_total = total_b;
+    sci_context_release(c);
+    return s;
+}
+
+sc_status sc_context_trim(sc_context ctx)
+{
+    static const char fn[] = "sc_context_trim";
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    CUresult r = sci_cuCtxSynchronize();
+    if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");
+    else if (c->pool && (r = sci_cuMemPoolTrimTo(c->pool, 0)) != CUDA_SUCCESS)
+        s = sci_context_fail_cu(c, r, fn, "cuMemPoolTrimTo failed");
+    sci_context_release(c);
+    return s;
+}

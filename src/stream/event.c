@@ -1,0 +1,196 @@
+/* Events: record, wait, query, timing. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "stream/stream.h"
+
+static sc_status event_destroy(uint64_t id, const char *fn);
+
+static void describe_event(const sci_object *obj, sc_object_info *info)
+{
+    const sci_event *e = (const sci_event *)obj;
+    snprintf(info->detail, sizeof info->detail, "%s", e->timing ? "timing" : "no timing");
+}
+
+static void destroy_leaked_event(uint64_t id) { event_destroy(id, "sc_context_destroy"); }
+
+static const sci_kind_ops event_ops = {"event", describe_event, destroy_leaked_event};
+
+__attribute__((constructor)) static void register_event_kind(void)
+{
+    sci_registry_set_ops(SCI_KIND_EVENT, &event_ops);
+}
+
+static sc_status acquire(sc_event h, const char *fn, sci_event **out)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_EVENT, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_event *e = (sci_event *)obj;
+    s = sci_context_enter(e->ctx, fn);
+    if (s != SC_OK) {
+        sci_registry_release(obj);
+        return s;
+    }
+    *out = e;
+    return SC_OK;
+}
+
+sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc, sc_event *event,
+                             const char *file, int line)
+{
+    static const char fn[] = "sc_event_create";
+    SCI_CHECK_PTR(fn, event);
+    event->id = 0;
+    sc_event_desc d = desc ? *desc : (sc_event_desc){0};
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    sci_event *e = calloc(1, sizeof *e);
+    if (!e) {
+        sci_context_release(c);
+        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate an event");
+    }
+    e->ctx = c;
+    e->timing = d.timing;
+    unsigned flags = (d.timing ? 0 : CU_EVENT_DISABLE_TIMING) |
+                     (d.blocking_sync ? CU_EVENT_BLOCKING_SYNC : 0);
+    CUresult r = sci_cuEventCreate(&e->cu, flags);
+    if (r != CUDA_SUCCESS) {
+        s = sci_context_fail_cu(c, r, fn, "cuEventCreate failed");
+        free(e);
+    } else {
+        s = sci_registry_insert(&e->obj, SCI_KIND_EVENT, c->obj.id, d.label, file, line, fn);
+        if (s != SC_OK) {
+            sci_cuEventDestroy(e->cu);
+            free(e);
+        } else {
+            event->id = e->obj.id;
+        }
+    }
+    sci_context_release(c);
+    return s;
+}
+
+static sc_status event_destroy(uint64_t id, const char *fn)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_remove(SCI_KIND_EVENT, id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_event *e = (sci_event *)obj;
+    sci_cuCtxSetCurrent(e->ctx->cu);
+    sci_cuEventDestroy(e->cu); /* the driver keeps it until pending waits are done */
+    free(e);
+    return SC_OK;
+}
+
+sc_status sc_event_destroy(sc_event event) { return event_destroy(event.id, "sc_event_destroy"); }
+
+sc_status sc_event_record(sc_event event, sc_stream stream)
+{
+    static const char fn[] = "sc_event_record";
+    sci_event *e = NULL;
+    sc_status s = acquire(event, fn, &e);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = NULL;
+    s = sci_stream_resolve(stream, e->ctx, fn, &st);
+    if (s == SC_OK) {
+        CUresult r = sci_cuEventRecord(e->cu, st->cu);
+        if (r != CUDA_SUCCESS)
+            s = sci_context_fail_cu(e->ctx, r, fn, "cuEventRecord failed");
+        else
+            e->recorded = true;
+        sci_stream_release(st);
+    }
+    sci_registry_release(&e->obj);
+    return s;
+}
+
+sc_status sc_event_synchronize(sc_event event)
+{
+    static const char fn[] = "sc_event_synchronize";
+    sci_event *e = NULL;
+    sc_status s = acquire(event, fn, &e);
+    if (s != SC_OK)
+        return s;
+    CUresult r = sci_cuEventSynchronize(e->cu);
+    if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(e->ctx, r, fn, "cuEventSynchronize failed");
+    sci_registry_release(&e->obj);
+    return s;
+}
+
+sc_status sc_event_query(sc_event event)
+{
+    static const char fn[] = "sc_event_query";
+    sci_event *e = NULL;
+    sc_status s = acquire(event, fn, &e);
+    if (s != SC_OK)
+        return s;
+    CUresult r = sci_cuEventQuery(e->cu);
+    if (r == CUDA_ERROR_NOT_READY)
+        s = SC_ERR_NOT_READY;
+    else if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(e->ctx, r, fn, "cuEventQuery failed");
+    sci_registry_release(&e->obj);
+    return s;
+}
+
+sc_status sc_event_elapsed(sc_event start, sc_event end, float *ms)
+{
+    static const char fn[] = "sc_event_elapsed";
+    SCI_CHECK_PTR(fn, ms);
+    sci_event *a = NULL, *b = NULL;
+    sc_status s = acquire(start, fn, &a);
+    if (s != SC_OK)
+        return s;
+    s = acquire(end, fn, &b);
+    if (s != SC_OK) {
+        sci_registry_release(&a->obj);
+        return s;
+    }
+    if (a->ctx != b->ctx)
+        s = sci_fail(SC_ERR_WRONG_CONTEXT, fn, "the two events belong to different contexts");
+    else if (!a->timing || !b->timing)
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "the %s event (created at %s:%d) was created without .timing = true",
+                     a->timing ? "end" : "start",
+                     sci_basename(a->timing ? b->obj.file : a->obj.file),
+                     a->timing ? b->obj.line : a->obj.line);
+    else if (!a->recorded || !b->recorded)
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "the %s event was never recorded",
+                     a->recorded ? "end" : "start");
+    else {
+        CUresult r = sci_cuEventElapsedTime(ms, a->cu, b->cu);
+        if (r == CUDA_ERROR_NOT_READY)
+            s = sci_fail(SC_ERR_NOT_READY, fn, "the events have not completed yet");
+        else if (r != CUDA_SUCCESS)
+            s = sci_context_fail_cu(a->ctx, r, fn, "cuEventElapsedTime failed");
+    }
+    sci_registry_release(&b->obj);
+    sci_registry_release(&a->obj);
+    return s;
+}
+
+sc_status sc_stream_wait(sc_stream stream, sc_event event)
+{
+    static const char fn[] = "sc_stream_wait";
+    sci_event *e = NULL;
+    sc_status s = acquire(event, fn, &e);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = NULL;
+    s = sci_stream_resolve(stream, e->ctx, fn, &st);
+    if (s == SC_OK) {
+        CUresult r = sci_cuStreamWaitEvent(st->cu, e->cu, 0);
+        if (r != CUDA_SUCCESS)
+            s = sci_context_fail_cu(e->ctx, r, fn, "cuStreamWaitEvent failed");
+        sci_stream_release(st);
+    }
+    sci_registry_release(&e->obj);
+    return s;
+}

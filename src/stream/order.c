@@ -1,0 +1,230 @@
+#include <stdlib.h>
+#include <string.h>
+
+#include "stream/order.h"
+
+void sci_tracker_init(sci_tracker *t, uint64_t owner_id)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->lock, NULL);
+    t->owner_id = owner_id;
+}
+
+void sci_tracker_destroy(sci_tracker *t)
+{
+    if (t->write.event)
+        sci_cuEventDestroy(t->write.event);
+    for (size_t i = 0; i < t->cap_reads; i++)
+        if (t->reads[i].event)
+            sci_cuEventDestroy(t->reads[i].event);
+    free(t->reads);
+    pthread_mutex_destroy(&t->lock);
+    memset(t, 0, sizeof *t);
+}
+
+/* Make sure use->event holds the use: record it now on the use's stream if it was not
+ * recorded when the use was enqueued (a later record covers the use too). A stream that
+ * was destroyed finished its work first, so its use needs no event: *gone is set. */
+static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bool *gone)
+{
+    *gone = false;
+    if (use->recorded)
+        return SC_OK;
+    sci_object *obj = NULL;
+    if (sci_registry_acquire(SCI_KIND_STREAM, use->stream_id, fn, &obj) != SC_OK) {
+        *gone = true;
+        return SC_OK;
+    }
+    sci_stream *s = (sci_stream *)obj;
+    CUresult r = CUDA_SUCCESS;
+    if (!use->event)
+        r = sci_cuEventCreate(&use->event, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS)
+        r = sci_cuEventRecord(use->event, s->cu);
+    sci_registry_release(obj);
+    if (r != CUDA_SUCCESS)
+        return sci_context_fail_cu(ctx, r, fn, "recording an ordering event failed");
+    use->recorded = true;
+    return SC_OK;
+}
+
+/* Make stream wait for use (if it is on another stream). */
+static sc_status wait_for(sci_tracker *t, sci_use *use, sci_stream *stream, const char *fn)
+{
+    if (use->stream_id == 0 || use->stream_id == stream->obj.id)
+        return SC_OK;
+    t->eager = true; /* the object is now shared between streams */
+    bool gone;
+    sc_status s = ensure_event(use, stream->ctx, fn, &gone);
+    if (s != SC_OK)
+        return s;
+    if (gone) {
+        use->stream_id = 0;
+        return SC_OK;
+    }
+    CUresult r = sci_cuStreamWaitEvent(stream->cu, use->event, 0);
+    if (r != CUDA_SUCCESS)
+        return sci_context_fail_cu(stream->ctx, r, fn, "cuStreamWaitEvent failed");
+    return SC_OK;
+}
+
+static sc_status order_access(sci_tracker *t, sci_access_mode mode, sci_stream *stream,
+                              const char *fn)
+{
+    /* Any access waits for the last write; a write also waits for the reads since. */
+    sc_status s = wait_for(t, &t->write, stream, fn);
+    if (s != SC_OK || !(mode & SCI_WRITE))
+        return s;
+    for (size_t i = 0; i < t->n_reads && s == SC_OK; i++)
+        s = wait_for(t, &t->reads[i], stream, fn);
+    return s;
+}
+
+sc_status sci_tracker_order_all(sci_tracker *t, sci_stream *stream, const char *fn)
+{
+    return order_access(t, SCI_READ_WRITE, stream, fn);
+}
+
+static void sort_and_merge(sci_access *acc, size_t *n)
+{
+    for (size_t i = 1; i < *n; i++) {
+        sci_access a = acc[i];
+        size_t j = i;
+        while (j > 0 && acc[j - 1].tracker->owner_id > a.tracker->owner_id) {
+            acc[j] = acc[j - 1];
+            j--;
+        }
+        acc[j] = a;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (k > 0 && acc[k - 1].tracker == acc[i].tracker)
+            acc[k - 1].mode |= acc[i].mode;
+        else
+            acc[k++] = acc[i];
+    }
+    *n = k;
+}
+
+sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool order,
+                           const char *fn)
+{
+    sort_and_merge(acc, &n);
+    for (size_t i = 0; i < n; i++)
+        pthread_mutex_lock(&acc[i].tracker->lock);
+    if (!order)
+        return SC_OK;
+    for (size_t i = 0; i < n; i++) {
+        sc_status s = order_access(acc[i].tracker, acc[i].mode, stream, fn);
+        if (s != SC_OK) {
+            for (size_t j = n; j-- > 0;)
+                pthread_mutex_unlock(&acc[j].tracker->lock);
+            return s;
+        }
+    }
+    return SC_OK;
+}
+
+/* Record a use on stream into use: at once when the object is shared between streams,
+ * otherwise lazily (when a conflict needs the event). */
+static void note_use(sci_tracker *t, sci_use *use, sci_stream *stream)
+{
+    use->stream_id = stream->obj.id;
+    use->cu = stream->cu;
+    use->recorded = false;
+    if (!t->eager)
+        return;
+    CUresult r = CUDA_SUCCESS;
+    if (!use->event)
+        r = sci_cuEventCreate(&use->event, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS)
+        r = sci_cuEventRecord(use->event, stream->cu);
+    /* On failure the event stays unrecorded: it is recorded lazily when needed. */
+    use->recorded = (r == CUDA_SUCCESS);
+}
+
+static void record(sci_tracker *t, sci_access_mode mode, sci_stream *stream)
+{
+    if (mode & SCI_WRITE) {
+        note_use(t, &t->write, stream);
+        t->n_reads = 0; /* the events stay in their slots for reuse */
+        return;
+    }
+    for (size_t i = 0; i < t->n_reads; i++) {
+        if (t->reads[i].stream_id == stream->obj.id) {
+            note_use(t, &t->reads[i], stream);
+            return;
+        }
+    }
+    if (t->n_reads == t->cap_reads) {
+        size_t cap = t->cap_reads ? t->cap_reads * 2 : 2;
+        sci_use *grown = realloc(t->reads, cap * sizeof *grown);
+        if (!grown) {
+            /* Out of host memory: make this read the write so it is still ordered. */
+            note_use(t, &t->write, stream);
+            return;
+        }
+        memset(grown + t->cap_reads, 0, (cap - t->cap_reads) * sizeof *grown);
+        t->reads = grown;
+        t->cap_reads = cap;
+    }
+    note_use(t, &t->reads[t->n_reads++], stream);
+}
+
+void sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued)
+{
+    sort_and_merge(acc, &n); /* idempotent: same order and merge as begin */
+    for (size_t i = 0; i < n; i++) {
+        if (enqueued)
+            record(acc[i].tracker, acc[i].mode, stream);
+    }
+    for (size_t j = n; j-- > 0;)
+        pthread_mutex_unlock(&acc[j].tracker->lock);
+}
+
+uint64_t sci_tracker_last_stream(const sci_tracker *t)
+{
+    if (t->write.stream_id)
+        return t->write.stream_id;
+    for (size_t i = t->n_reads; i-- > 0;)
+        if (t->reads[i].stream_id)
+            return t->reads[i].stream_id;
+    return 0;
+}
+
+static sc_status host_wait_use(sci_use *use, sci_context *ctx, bool try_only, const char *fn)
+{
+    if (use->stream_id == 0)
+        return SC_OK;
+    bool gone;
+    sc_status s = ensure_event(use, ctx, fn, &gone);
+    if (s != SC_OK || gone)
+        return s;
+    CUresult r = try_only ? sci_cuEventQuery(use->event) : sci_cuEventSynchronize(use->event);
+    if (r == CUDA_ERROR_NOT_READY)
+        return sci_fail(SC_ERR_BUSY, fn, "a copy that uses it is still in flight");
+    if (r != CUDA_SUCCESS)
+        return sci_context_fail_cu(ctx, r, fn, "waiting for the work in flight failed");
+    return SC_OK;
+}
+
+sc_status sci_tracker_host_wait_locked(sci_tracker *t, sci_context *ctx, bool try_only,
+                                       const char *fn)
+{
+    sc_status s = host_wait_use(&t->write, ctx, try_only, fn);
+    for (size_t i = 0; i < t->n_reads && s == SC_OK; i++)
+        s = host_wait_use(&t->reads[i], ctx, try_only, fn);
+    if (s == SC_OK) { /* everything is done: nothing left to order against */
+        t->write.stream_id = 0;
+        t->n_reads = 0;
+    }
+    return s;
+}
+
+sc_status sci_tracker_host_wait(sci_tracker *t, sci_context *ctx, bool try_only, const char *fn)
+{
+    pthread_mutex_lock(&t->lock);
+    sc_status s = sci_tracker_host_wait_locked(t, ctx, try_only, fn);
+    pthread_mutex_unlock(&t->lock);
+    return s;
+}

@@ -1,0 +1,69 @@
+/* Automatic ordering of objects used on several streams.
+ *
+ * Each tracked object (a device buffer, a pinned host buffer) has a sci_tracker that
+ * remembers the stream of its last write and the streams that read it since. An
+ * operation declares its accesses; before it is enqueued, its stream is made to wait for
+ * the conflicting uses on other streams (read-after-write, write-after-read,
+ * write-after-write); after, its own use is recorded. A use on a stream that has no
+ * event yet gets one recorded lazily, when a conflict first needs it: while an object is
+ * only ever used on one stream, tracking costs no driver call at all.
+ *
+ * The tracker's lock is held from sci_access_begin to sci_access_end, so concurrent
+ * operations on one object from several threads are ordered consistently. Objects are
+ * locked in id order, so operations on several objects can't deadlock. */
+#ifndef SAFECUDA_STREAM_ORDER_H
+#define SAFECUDA_STREAM_ORDER_H
+
+#include "stream/stream.h"
+
+typedef struct sci_use {
+    uint64_t stream_id; /* 0: unused slot */
+    CUstream cu;
+    CUevent event;      /* recorded after the use, or NULL until a conflict needs one */
+    bool recorded;      /* event holds this use (or later work on the same stream) */
+} sci_use;
+
+typedef struct sci_tracker {
+    pthread_mutex_t lock;
+    uint64_t owner_id;  /* the tracked object's handle id: the lock order */
+    sci_use write;      /* last write */
+    sci_use *reads;     /* reads since the last write, one per stream */
+    size_t n_reads, cap_reads;
+    bool eager;         /* used on more than one stream: record events at each use */
+} sci_tracker;
+
+void sci_tracker_init(sci_tracker *t, uint64_t owner_id);
+/* Destroy the events (the caller made sure the uses are complete or ordered). */
+void sci_tracker_destroy(sci_tracker *t);
+
+typedef enum sci_access_mode { SCI_READ = 1, SCI_WRITE = 2, SCI_READ_WRITE = 3 } sci_access_mode;
+
+typedef struct sci_access {
+    sci_tracker *tracker;
+    sci_access_mode mode;
+} sci_access;
+
+/* Lock the trackers (in id order; duplicates merged) and, when ordering is on, make
+ * stream wait for the conflicting uses on other streams. On failure nothing stays
+ * locked. */
+sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool order,
+                           const char *fn);
+/* Record the uses on stream (when enqueued is true) and unlock. */
+void sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued);
+
+/* Make stream wait for every use of t on other streams (for frees). t must be locked or
+ * otherwise unreachable. */
+sc_status sci_tracker_order_all(sci_tracker *t, sci_stream *stream, const char *fn);
+
+/* Host-side wait for every use of t (record events where missing). With try_only, answer
+ * SC_ERR_BUSY instead of waiting. Locks t itself. */
+sc_status sci_tracker_host_wait(sci_tracker *t, sci_context *ctx, bool try_only,
+                                const char *fn);
+/* The same with t's lock already held by the caller. */
+sc_status sci_tracker_host_wait_locked(sci_tracker *t, sci_context *ctx, bool try_only,
+                                       const char *fn);
+
+/* The stream of the last use of t, for frees (0 if none). t must be locked. */
+uint64_t sci_tracker_last_stream(const sci_tracker *t);
+
+#endif

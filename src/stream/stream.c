@@ -1,0 +1,246 @@
+/* Streams: creation with priorities, the context's default stream, synchronization. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "stream/stream.h"
+
+static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn);
+
+static void describe_stream(const sci_object *obj, sc_object_info *info)
+{
+    const sci_stream *s = (const sci_stream *)obj;
+    snprintf(info->detail, sizeof info->detail, "priority %d", s->priority);
+}
+
+static void destroy_leaked_stream(uint64_t id) { stream_destroy(id, true, "sc_context_destroy"); }
+
+static const sci_kind_ops stream_ops = {"stream", describe_stream, destroy_leaked_stream};
+
+__attribute__((constructor)) static void register_stream_kind(void)
+{
+    sci_registry_set_ops(SCI_KIND_STREAM, &stream_ops);
+}
+
+static sc_status create(sci_context *c, const sc_stream_desc *d, bool is_default,
+                        const char *file, int line, const char *fn, sci_stream **out)
+{
+    int least = 0, greatest = 0;
+    CUresult r = sci_cuCtxGetStreamPriorityRange(&least, &greatest);
+    if (r != CUDA_SUCCESS)
+        return sci_context_fail_cu(c, r, fn, "cuCtxGetStreamPriorityRange failed");
+    int priority = d->priority;
+    if (priority < greatest)
+        priority = greatest;
+    if (priority > least)
+        priority = least;
+    sci_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate a stream");
+    s->ctx = c;
+    s->priority = priority;
+    s->is_default = is_default;
+    s->obj.internal = is_default;
+    r = sci_cuStreamCreateWithPriority(&s->cu, d->blocking ? 0 : CU_STREAM_NON_BLOCKING,
+                                       priority);
+    if (r != CUDA_SUCCESS) {
+        free(s);
+        return sci_context_fail_cu(c, r, fn, "cuStreamCreateWithPriority(priority %d) failed",
+                                   priority);
+    }
+    sc_status st = sci_registry_insert(&s->obj, SCI_KIND_STREAM, c->obj.id,
+                                       d->label ? d->label : (is_default ? "default" : ""),
+                                       file, line, fn);
+    if (st != SC_OK) {
+        sci_cuStreamDestroy(s->cu);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return SC_OK;
+}
+
+sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc, sc_stream *stream,
+                              const char *file, int line)
+{
+    static const char fn[] = "sc_stream_create";
+    SCI_CHECK_PTR(fn, stream);
+    stream->id = 0;
+    sc_stream_desc d = desc ? *desc : (sc_stream_desc){0};
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = NULL;
+    s = create(c, &d, false, file, line, fn, &st);
+    if (s == SC_OK)
+        stream->id = st->obj.id;
+    sci_context_release(c);
+    return s;
+}
+
+sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream **out)
+{
+    pthread_mutex_lock(&c->lock);
+    uint64_t id = c->default_stream_id;
+    if (id == 0) {
+        sci_stream *s = NULL;
+        sc_status st = create(c, &(sc_stream_desc){0}, true, __FILE__, __LINE__, fn, &s);
+        if (st != SC_OK) {
+            pthread_mutex_unlock(&c->lock);
+            return st;
+        }
+        c->default_stream_id = id = s->obj.id;
+    }
+    pthread_mutex_unlock(&c->lock);
+    sci_object *obj = NULL;
+    sc_status st = sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj);
+    if (st != SC_OK)
+        return st;
+    *out = (sci_stream *)obj;
+    return SC_OK;
+}
+
+sc_status sci_stream_acquire(sc_stream h, const char *fn, sci_stream **out)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_STREAM, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = (sci_stream *)obj;
+    s = sci_context_enter(st->ctx, fn);
+    if (s != SC_OK) {
+        sci_registry_release(obj);
+        return s;
+    }
+    *out = st;
+    return SC_OK;
+}
+
+sc_status sci_stream_resolve(sc_stream h, sci_context *ctx, const char *fn, sci_stream **out)
+{
+    sc_status s = sci_context_enter(ctx, fn);
+    if (s != SC_OK)
+        return s;
+    if (h.id == 0)
+        return sci_context_default_stream(ctx, fn, out);
+    sci_object *obj = NULL;
+    s = sci_registry_acquire(SCI_KIND_STREAM, h.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = (sci_stream *)obj;
+    if (st->ctx != ctx) {
+        sci_registry_release(obj);
+        return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                        "the stream (created at %s:%d) belongs to the context on device %d "
+                        "created at %s:%d, not to the context on device %d created at %s:%d",
+                        sci_basename(st->obj.file), st->obj.line, st->ctx->device,
+                        sci_basename(st->ctx->obj.file), st->ctx->obj.line, ctx->device,
+                        sci_basename(ctx->obj.file), ctx->obj.line);
+    }
+    *out = st;
+    return SC_OK;
+}
+
+void sci_stream_release(sci_stream *s) { sci_registry_release(&s->obj); }
+
+sc_status sc_context_default_stream(sc_context ctx, sc_stream *stream)
+{
+    static const char fn[] = "sc_context_default_stream";
+    SCI_CHECK_PTR(fn, stream);
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = NULL;
+    s = sci_context_default_stream(c, fn, &st);
+    if (s == SC_OK) {
+        stream->id = st->obj.id;
+        sci_stream_release(st);
+    }
+    sci_context_release(c);
+    return s;
+}
+
+static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
+{
+    if (!allow_default) {
+        sci_object *obj = NULL;
+        sc_status s = sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj);
+        if (s != SC_OK)
+            return s;
+        bool is_default = ((sci_stream *)obj)->is_default;
+        sci_registry_release(obj);
+        if (is_default)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "the default stream can't be destroyed: it goes with its context");
+    }
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_remove(SCI_KIND_STREAM, id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_stream *st = (sci_stream *)obj;
+    sci_context *c = st->ctx;
+    s = sci_context_enter(c, fn);
+    if (s == SC_OK) {
+        CUresult r = sci_cuStreamSynchronize(st->cu); /* finish the queued work first */
+        if (r != CUDA_SUCCESS)
+            s = sci_context_fail_cu(c, r, fn, "cuStreamSynchronize before destroy failed");
+    }
+    sci_cuCtxSetCurrent(c->cu);
+    sci_cuStreamDestroy(st->cu);
+    if (st->is_default) {
+        pthread_mutex_lock(&c->lock);
+        c->default_stream_id = 0;
+        pthread_mutex_unlock(&c->lock);
+    }
+    free(st);
+    return s;
+}
+
+sc_status sc_stream_destroy(sc_stream stream)
+{
+    return stream_destroy(stream.id, false, "sc_stream_destroy");
+}
+
+sc_status sc_stream_synchronize(sc_stream stream)
+{
+    static const char fn[] = "sc_stream_synchronize";
+    sci_stream *s = NULL;
+    sc_status st = sci_stream_acquire(stream, fn, &s);
+    if (st != SC_OK)
+        return st;
+    CUresult r = sci_cuStreamSynchronize(s->cu);
+    if (r != CUDA_SUCCESS)
+        st = sci_context_fail_cu(s->ctx, r, fn, "cuStreamSynchronize failed");
+    sci_stream_release(s);
+    return st;
+}
+
+sc_status sc_stream_query(sc_stream stream)
+{
+    static const char fn[] = "sc_stream_query";
+    sci_stream *s = NULL;
+    sc_status st = sci_stream_acquire(stream, fn, &s);
+    if (st != SC_OK)
+        return st;
+    CUresult r = sci_cuStreamQuery(s->cu);
+    if (r == CUDA_ERROR_NOT_READY)
+        st = SC_ERR_NOT_READY; /* busy is an answer, not a failure: no message */
+    else if (r != CUDA_SUCCESS)
+        st = sci_context_fail_cu(s->ctx, r, fn, "cuStreamQuery failed");
+    sci_stream_release(s);
+    return st;
+}
+
+sc_status sc_stream_priority(sc_stream stream, int *priority)
+{
+    static const char fn[] = "sc_stream_priority";
+    SCI_CHECK_PTR(fn, priority);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_STREAM, stream.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    *priority = ((sci_stream *)obj)->priority;
+    sci_registry_release(obj);
+    return SC_OK;
+}

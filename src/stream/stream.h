@@ -1,0 +1,36 @@
+/* Streams and events (internal). */
+#ifndef SAFECUDA_STREAM_STREAM_H
+#define SAFECUDA_STREAM_STREAM_H
+
+#include "core/context.h"
+
+typedef struct sci_stream {
+    sci_object obj;
+    sci_context *ctx;
+    CUstream cu;
+    int priority;
+    bool is_default;
+} sci_stream;
+
+typedef struct sci_event {
+    sci_object obj;
+    sci_context *ctx;
+    CUevent cu;
+    bool timing;
+    atomic_bool recorded;
+} sci_event;
+
+/* Resolve a stream argument: SC_DEFAULT_STREAM gives ctx's default stream (created on
+ * first use). Takes a reference (sci_stream_release) and checks the stream belongs to
+ * ctx and that ctx is usable (and current). what names the argument in messages. */
+sc_status sci_stream_resolve(sc_stream h, sci_context *ctx, const char *fn, sci_stream **out);
+/* Acquire a stream by handle, without a context to compare with (SC_DEFAULT_STREAM is
+ * refused: there is no context to take it from). */
+sc_status sci_stream_acquire(sc_stream h, const char *fn, sci_stream **out);
+void sci_stream_release(sci_stream *s);
+
+/* The context's default stream, created on first use (no reference taken: it lives as
+ * long as the context). */
+sc_status sci_context_default_stream(sci_context *ctx, const char *fn, sci_stream **out);
+
+#endif
