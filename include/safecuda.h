@@ -6,7 +6,9 @@
  * gives the calling thread's message for its most recent failure, naming the function,
  * the values involved and, for handles, the object's kind and creation site.
  *
- * Options come in *_desc structs whose zero value means "the sensible default":
+ * Options come in *_desc structs whose zero value means "the sensible default". The
+ * create functions are macros that record the caller's file:line (for leak reports and
+ * messages) and call the *_at function:
  *
  *     sc_context ctx;
  *     if (sc_context_create(&(sc_context_desc){ .device = 0 }, &ctx) != SC_OK)
@@ -174,7 +176,7 @@ typedef struct sc_context_desc {
  * desc may be NULL (device 0, defaults). Use the macro: it records the call site. */
 SC_API sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *ctx,
                                       const char *file, int line);
-#define sc_context_create(desc, ctx) sc_context_create_at((desc), (ctx), __FILE__, __LINE__)
+#define sc_context_create(...) sc_context_create_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Destroy a context. Every object still alive in it is reported through the log callback
  * (kind, label, size, creation site), freed, and the call returns SC_ERR_LEAKED; the
@@ -270,8 +272,7 @@ typedef struct sc_stream_desc {
 
 SC_API sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc,
                                      sc_stream *stream, const char *file, int line);
-#define sc_stream_create(ctx, desc, stream) \
-    sc_stream_create_at((ctx), (desc), (stream), __FILE__, __LINE__)
+#define sc_stream_create(...) sc_stream_create_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Finish the stream's queued work, then destroy it. The default stream can't be
  * destroyed (it goes with its context). */
@@ -297,8 +298,7 @@ typedef struct sc_event_desc {
 
 SC_API sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc,
                                     sc_event *event, const char *file, int line);
-#define sc_event_create(ctx, desc, event) \
-    sc_event_create_at((ctx), (desc), (event), __FILE__, __LINE__)
+#define sc_event_create(...) sc_event_create_at(__VA_ARGS__, __FILE__, __LINE__)
 SC_API sc_status sc_event_destroy(sc_event event);
 SC_API sc_status sc_event_record(sc_event event, sc_stream stream);
 SC_API sc_status sc_event_synchronize(sc_event event);
@@ -326,8 +326,7 @@ typedef struct sc_buffer_desc {
  * context stays usable after either. The memory is uninitialised unless desc->zero. */
 SC_API sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc,
                                      sc_buffer *buffer, const char *file, int line);
-#define sc_buffer_create(ctx, desc, buffer) \
-    sc_buffer_create_at((ctx), (desc), (buffer), __FILE__, __LINE__)
+#define sc_buffer_create(...) sc_buffer_create_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Free the buffer after all work queued on it on any stream (stream-ordered: the call
  * does not wait). Later uses of the handle, or of views of it, are SC_ERR_STALE_HANDLE. */
@@ -394,8 +393,7 @@ typedef struct sc_host_buffer_desc {
 
 SC_API sc_status sc_host_buffer_create_at(sc_context ctx, const sc_host_buffer_desc *desc,
                                           sc_host_buffer *host, const char *file, int line);
-#define sc_host_buffer_create(ctx, desc, host) \
-    sc_host_buffer_create_at((ctx), (desc), (host), __FILE__, __LINE__)
+#define sc_host_buffer_create(...) sc_host_buffer_create_at(__VA_ARGS__, __FILE__, __LINE__)
 SC_API sc_status sc_host_buffer_destroy(sc_host_buffer host);
 /* SC_ERR_BUSY (and nothing destroyed) while a copy using it is in flight. */
 SC_API sc_status sc_host_buffer_try_destroy(sc_host_buffer host);
@@ -439,6 +437,179 @@ SC_API sc_status sc_copy(sc_stream stream, sc_view dst, sc_view src);
 /* Set every element of dst to *value, which points at one element of dst's dtype
  * (e.g. a float for SC_F32, a uint16_t bit pattern for SC_BF16). */
 SC_API sc_status sc_fill(sc_stream stream, sc_view dst, const void *value);
+
+/* ======================================================================================
+ * Programs: CUDA C++ compiled at run time with NVRTC
+ *
+ * A program is compiled for the context's device (-arch=sm_XY: cubin when NVRTC knows
+ * the architecture, PTX for the newest one it knows otherwise) with -std=c++17 and
+ * -default-device, plus the caller's options. Compiled images are cached on disk, keyed
+ * by a hash of the source, headers, options, name expressions, NVRTC version and
+ * architecture, in $SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else
+ * ~/.cache/safecuda. SAFECUDA_CACHE=0 (or desc.no_cache) turns the cache off. A corrupt or
+ * truncated entry is detected (checksum, sizes) and recompiled, never loaded; entries are
+ * written to a temporary file and renamed, so concurrent processes can't corrupt them.
+ * On a compile error the status is SC_ERR_COMPILE and the message starts with the first
+ * error's file(line) and quotes the whole NVRTC log.
+ * ==================================================================================== */
+
+typedef struct sc_program { uint64_t id; } sc_program;
+
+typedef struct sc_program_header {
+    const char *name;    /* the name #include uses */
+    const char *source;
+} sc_program_header;
+
+typedef struct sc_program_desc {
+    const char *source;                     /* CUDA C++ source (required) */
+    const char *name;                       /* file name for logs (default "program.cu") */
+    const char *const *options;             /* extra NVRTC options, NULL-terminated */
+    const sc_program_header *headers;       /* in-memory headers */
+    size_t n_headers;
+    const char *const *name_expressions;    /* e.g. "scale<float>", NULL-terminated */
+    bool fast_math;                         /* add --use_fast_math */
+    bool ptx;                               /* produce PTX even where cubin is possible */
+    bool no_cache;                          /* neither read nor write the disk cache */
+    int arch;                               /* e.g. 90 for sm_90; 0 = the context's device.
+                                               Required when ctx is the zero handle (a
+                                               compile-only program, e.g. for tools) */
+    bool arch_specific;                     /* sm_90a etc.: architecture-specific features */
+} sc_program_desc;
+
+SC_API sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc,
+                                      sc_program *program, const char *file, int line);
+#define sc_program_create(...) sc_program_create_at(__VA_ARGS__, __FILE__, __LINE__)
+SC_API sc_status sc_program_destroy(sc_program program);
+
+typedef struct sc_program_props {
+    int arch;              /* the architecture compiled for (90 for sm_90) */
+    bool is_ptx;           /* the image is PTX (else cubin) */
+    bool from_cache;       /* the image came from the disk cache */
+    uint64_t image_bytes;
+    double compile_ms;     /* wall time of the compile (or of the cache load) */
+    char cache_path[512];  /* the cache entry ("" when the cache is off) */
+} sc_program_props;
+
+SC_API sc_status sc_program_info(sc_program program, sc_program_props *props);
+/* The NVRTC log (warnings); "" when the image came from the cache. Copies up to size
+ * bytes (NUL-terminated) and sets *needed to the full length + 1. */
+SC_API sc_status sc_program_log(sc_program program, char *buf, size_t size, size_t *needed);
+/* The compiled image (cubin or NUL-terminated PTX), valid while the program lives. */
+SC_API sc_status sc_program_image(sc_program program, const void **image, uint64_t *bytes);
+/* The lowered (mangled) name of one of the program's name expressions. */
+SC_API sc_status sc_program_lowered_name(sc_program program, const char *name_expression,
+                                         const char **lowered);
+
+/* ======================================================================================
+ * Modules and kernels
+ * ==================================================================================== */
+
+typedef struct sc_module { uint64_t id; } sc_module;
+typedef struct sc_kernel { uint64_t id; } sc_kernel;
+
+/* Load a compiled program into the context. */
+SC_API sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module *module,
+                                   const char *file, int line);
+#define sc_module_load(...) sc_module_load_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Load a PTX, cubin or fatbin image from memory (PTX need not be NUL-terminated) or a
+ * file. */
+SC_API sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t bytes,
+                                         sc_module *module, const char *file, int line);
+#define sc_module_load_image(...) sc_module_load_image_at(__VA_ARGS__, __FILE__, __LINE__)
+SC_API sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_module *module,
+                                        const char *file, int line);
+#define sc_module_load_file(...) sc_module_load_file_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Unload the module; its kernels' handles become stale. */
+SC_API sc_status sc_module_destroy(sc_module module);
+
+/* A kernel of the module by name: an extern "C" name, a mangled name, or one of the
+ * program's name expressions (e.g. "scale<float>"). */
+SC_API sc_status sc_kernel_get_at(sc_module module, const char *name, sc_kernel *kernel,
+                                  const char *file, int line);
+#define sc_kernel_get(...) sc_kernel_get_at(__VA_ARGS__, __FILE__, __LINE__)
+
+typedef struct sc_kernel_props {
+    char name[256];             /* as found in the module (mangled for C++ kernels) */
+    int registers;              /* per thread */
+    int static_shared_bytes;
+    int max_dynamic_shared_bytes; /* the current limit (see sc_kernel_set_max_dynamic_shared) */
+    int max_threads_per_block;
+    int local_bytes;            /* per thread (spills and stack) */
+    int const_bytes;
+    int ptx_version, binary_version; /* e.g. 90 */
+    int n_params;               /* -1 if the driver can't tell (before CUDA 12.4) */
+    bool typed;                 /* parameter types known (decoded from a mangled name) */
+} sc_kernel_props;
+
+SC_API sc_status sc_kernel_info(sc_kernel kernel, sc_kernel_props *props);
+/* Raise (or lower) the dynamic shared memory a launch may ask for, up to the device's
+ * opt-in limit minus the kernel's static shared memory. */
+SC_API sc_status sc_kernel_set_max_dynamic_shared(sc_kernel kernel, int bytes);
+/* Resident blocks per SM for a block size and dynamic shared memory. */
+SC_API sc_status sc_kernel_occupancy(sc_kernel kernel, int block_threads,
+                                     uint64_t shared_bytes, int *blocks_per_sm);
+
+/* ======================================================================================
+ * Checked launches
+ * ==================================================================================== */
+
+typedef struct sc_dim3 { uint32_t x, y, z; } sc_dim3;
+
+typedef struct sc_launch_desc {
+    sc_dim3 grid;          /* x is required; y and z default to 1 */
+    sc_dim3 block;         /* x is required; y and z default to 1 */
+    uint32_t shared_bytes; /* dynamic shared memory */
+} sc_launch_desc;
+
+/* A grid/block covering n elements with one thread each, at the block size the
+ * occupancy calculator suggests for the kernel. */
+SC_API sc_status sc_launch_config_for(uint64_t n, sc_kernel kernel, sc_launch_desc *desc);
+
+typedef enum sc_arg_kind {
+    SC_ARG_IN = 1,    /* a view the kernel reads (may be a const T* parameter) */
+    SC_ARG_OUT,       /* a view the kernel writes */
+    SC_ARG_INOUT,     /* a view the kernel reads and writes */
+    SC_ARG_SCALAR,    /* a value of the given dtype */
+    SC_ARG_BYTES      /* raw bytes (a struct passed by value) */
+} sc_arg_kind;
+
+typedef struct sc_arg {
+    sc_arg_kind kind;
+    sc_dtype dtype;          /* scalars */
+    sc_view view;            /* views */
+    union {
+        int32_t i32; uint32_t u32; int64_t i64; uint64_t u64; float f32; double f64;
+    } value;
+    const void *bytes;       /* SC_ARG_BYTES */
+    size_t size;             /* SC_ARG_BYTES */
+} sc_arg;
+
+static inline sc_arg sc_arg_in(sc_view v) { sc_arg a = {SC_ARG_IN, SC_DTYPE_INVALID, v, {0}, 0, 0}; return a; }
+static inline sc_arg sc_arg_out(sc_view v) { sc_arg a = {SC_ARG_OUT, SC_DTYPE_INVALID, v, {0}, 0, 0}; return a; }
+static inline sc_arg sc_arg_inout(sc_view v) { sc_arg a = {SC_ARG_INOUT, SC_DTYPE_INVALID, v, {0}, 0, 0}; return a; }
+static inline sc_arg sc_arg_i32(int32_t x) { sc_arg a = {SC_ARG_SCALAR, SC_I32, {{0}, 0, 0}, {0}, 0, 0}; a.value.i32 = x; return a; }
+static inline sc_arg sc_arg_u32(uint32_t x) { sc_arg a = {SC_ARG_SCALAR, SC_U32, {{0}, 0, 0}, {0}, 0, 0}; a.value.u32 = x; return a; }
+static inline sc_arg sc_arg_i64(int64_t x) { sc_arg a = {SC_ARG_SCALAR, SC_I64, {{0}, 0, 0}, {0}, 0, 0}; a.value.i64 = x; return a; }
+static inline sc_arg sc_arg_u64(uint64_t x) { sc_arg a = {SC_ARG_SCALAR, SC_U64, {{0}, 0, 0}, {0}, 0, 0}; a.value.u64 = x; return a; }
+static inline sc_arg sc_arg_f32(float x) { sc_arg a = {SC_ARG_SCALAR, SC_F32, {{0}, 0, 0}, {0}, 0, 0}; a.value.f32 = x; return a; }
+static inline sc_arg sc_arg_f64(double x) { sc_arg a = {SC_ARG_SCALAR, SC_F64, {{0}, 0, 0}, {0}, 0, 0}; a.value.f64 = x; return a; }
+static inline sc_arg sc_arg_bytes(const void *p, size_t size) { sc_arg a = {SC_ARG_BYTES, SC_DTYPE_INVALID, {{0}, 0, 0}, {0}, p, size}; return a; }
+
+/* Launch kernel on stream after checking: the argument count and each argument's size
+ * against the kernel's parameters (cuFuncGetParamInfo); for kernels with C++ (mangled)
+ * names, each parameter's type (a view's dtype against the pointer's element type, a
+ * const T* parameter passed as out/inout, a scalar's dtype); the grid, block and shared
+ * memory against the device's and the kernel's limits. A mismatch is SC_ERR_LAUNCH or
+ * SC_ERR_TYPE_MISMATCH naming the argument index, what the kernel wants and what was
+ * given; nothing is launched. The views' accesses order the launch after conflicting
+ * work on other streams (see streams). */
+SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
+                                  const sc_arg *args, size_t nargs);
+
+/* SC_LAUNCH(stream, kernel, &desc, sc_arg_in(a), sc_arg_out(b), sc_arg_i32(n)) */
+#define SC_LAUNCH(stream, kernel, desc, ...)                                        \
+    sc_kernel_launch((stream), (kernel), (desc), (const sc_arg[]){__VA_ARGS__},     \
+                     sizeof((const sc_arg[]){__VA_ARGS__}) / sizeof(sc_arg))
 
 #ifdef __cplusplus
 }

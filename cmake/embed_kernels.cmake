@@ -1,0 +1,22 @@
+# Embed the CUDA C++ sources under kernels/ into a C file, as NUL-terminated byte arrays
+# with a table of {relative path, source}. Run at build time:
+#   cmake -DKERNEL_DIR=... -DOUTPUT=... -P embed_kernels.cmake
+file(GLOB_RECURSE sources RELATIVE ${KERNEL_DIR} ${KERNEL_DIR}/*.cu ${KERNEL_DIR}/*.cuh)
+list(SORT sources)
+set(out "/* Generated from kernels/ by cmake/embed_kernels.cmake: do not edit. */\n")
+string(APPEND out "#include \"launch/builtin.h\"\n\n")
+set(table "")
+set(i 0)
+foreach(rel ${sources})
+  file(READ ${KERNEL_DIR}/${rel} hex HEX)
+  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
+  string(REGEX REPLACE "(0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,)" "\\1\n" bytes "${bytes}")
+  string(APPEND out "static const char source_${i}[] = {\n${bytes}0x00};\n\n")
+  string(APPEND table "    {\"${rel}\", source_${i}},\n")
+  math(EXPR i "${i} + 1")
+endforeach()
+string(APPEND out "const sci_builtin_source sci_builtin_sources[] = {\n${table}};\n")
+string(APPEND out "const size_t sci_builtin_count = ${i};\n")
+file(WRITE ${OUTPUT}.tmp "${out}")
+file(COPY_FILE ${OUTPUT}.tmp ${OUTPUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUTPUT}.tmp)

@@ -1,0 +1,250 @@
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compile/cache.h"
+
+#define MAGIC "SCCACHE1"
+#define FORMAT_VERSION 1u
+
+/* Entry layout (little-endian host order; the key covers the machine anyway):
+ *   char magic[8]; u32 version; u32 flags (1 = PTX); u64 key.a, key.b;
+ *   u64 image_size; u64 image_checksum; u32 n_names; u32 reserved;
+ *   n_names x { u32 expr_len; u32 lowered_len; expr bytes; lowered bytes }
+ *   image bytes
+ *   u64 checksum of everything before it */
+typedef struct header {
+    char magic[8];
+    uint32_t version;
+    uint32_t flags;
+    uint64_t key_a, key_b;
+    uint64_t image_size;
+    uint64_t image_checksum;
+    uint32_t n_names;
+    uint32_t reserved;
+} header;
+
+void sci_cache_entry_free(sci_cache_entry *e)
+{
+    free(e->image);
+    for (size_t i = 0; i < e->n_names; i++) {
+        free(e->exprs ? e->exprs[i] : NULL);
+        free(e->lowered ? e->lowered[i] : NULL);
+    }
+    free(e->exprs);
+    free(e->lowered);
+    memset(e, 0, sizeof *e);
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+const char *sci_cache_dir(void)
+{
+    static _Thread_local char dir[768];
+    const char *off = getenv("SAFECUDA_CACHE");
+    if (off && strcmp(off, "0") == 0)
+        return "";
+    const char *explicit_dir = getenv("SAFECUDA_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (explicit_dir && explicit_dir[0])
+        snprintf(dir, sizeof dir, "%s", explicit_dir);
+    else if (xdg && xdg[0])
+        snprintf(dir, sizeof dir, "%s/safecuda", xdg);
+    else if (home && home[0])
+        snprintf(dir, sizeof dir, "%s/.cache/safecuda", home);
+    else
+        return "";
+    if (mkdir_p(dir) != 0)
+        return "";
+    return dir;
+}
+
+void sci_cache_path(sci_hash key, char *path, size_t size)
+{
+    const char *dir = sci_cache_dir();
+    if (!dir[0]) {
+        if (size)
+            path[0] = '\0';
+        return;
+    }
+    snprintf(path, size, "%s/%016llx%016llx.bin", dir, (unsigned long long)key.a,
+             (unsigned long long)key.b);
+}
+
+static char *read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *data = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (data = malloc((size_t)n))) {
+            if (fread(data, 1, (size_t)n, f) != (size_t)n) {
+                free(data);
+                data = NULL;
+            } else {
+                *size = (size_t)n;
+            }
+        }
+    }
+    fclose(f);
+    return data;
+}
+
+bool sci_cache_load(const char *path, sci_hash key, sci_cache_entry *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!path || !path[0])
+        return false;
+    size_t size = 0;
+    char *data = read_file(path, &size);
+    if (!data)
+        return false;
+    bool ok = false;
+    header h;
+    size_t pos = sizeof h;
+    if (size < sizeof h + sizeof(uint64_t))
+        goto done;
+    memcpy(&h, data, sizeof h);
+    uint64_t trailer;
+    memcpy(&trailer, data + size - sizeof trailer, sizeof trailer);
+    if (memcmp(h.magic, MAGIC, 8) != 0 || h.version != FORMAT_VERSION || h.key_a != key.a ||
+        h.key_b != key.b || trailer != sci_checksum(data, size - sizeof trailer) ||
+        h.n_names > 4096 || h.image_size == 0)
+        goto done;
+    out->is_ptx = (h.flags & 1u) != 0;
+    out->n_names = h.n_names;
+    if (h.n_names) {
+        out->exprs = calloc(h.n_names, sizeof *out->exprs);
+        out->lowered = calloc(h.n_names, sizeof *out->lowered);
+        if (!out->exprs || !out->lowered)
+            goto done;
+    }
+    size_t body_end = size - sizeof trailer;
+    for (uint32_t i = 0; i < h.n_names; i++) {
+        uint32_t lens[2];
+        if (body_end - pos < sizeof lens)
+            goto done;
+        memcpy(lens, data + pos, sizeof lens);
+        pos += sizeof lens;
+        if (body_end - pos < (size_t)lens[0] + lens[1])
+            goto done;
+        out->exprs[i] = strndup(data + pos, lens[0]);
+        out->lowered[i] = strndup(data + pos + lens[0], lens[1]);
+        pos += (size_t)lens[0] + lens[1];
+        if (!out->exprs[i] || !out->lowered[i])
+            goto done;
+    }
+    if (body_end - pos != h.image_size ||
+        sci_checksum(data + pos, h.image_size) != h.image_checksum)
+        goto done;
+    out->image = malloc(h.image_size);
+    if (!out->image)
+        goto done;
+    memcpy(out->image, data + pos, h.image_size);
+    out->image_size = h.image_size;
+    if (out->is_ptx && out->image[out->image_size - 1] != '\0')
+        goto done;
+    ok = true;
+done:
+    free(data);
+    if (!ok)
+        sci_cache_entry_free(out);
+    return ok;
+}
+
+static bool write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return false;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+bool sci_cache_store(const char *path, sci_hash key, const sci_cache_entry *e)
+{
+    if (!path || !path[0])
+        return false;
+    /* Build the whole entry in memory, then write it to a unique temporary file. */
+    size_t size = sizeof(header) + e->image_size + sizeof(uint64_t);
+    for (size_t i = 0; i < e->n_names; i++)
+        size += 2 * sizeof(uint32_t) + strlen(e->exprs[i]) + strlen(e->lowered[i]);
+    char *data = malloc(size);
+    if (!data)
+        return false;
+    header h = {0};
+    memcpy(h.magic, MAGIC, 8);
+    h.version = FORMAT_VERSION;
+    h.flags = e->is_ptx ? 1u : 0u;
+    h.key_a = key.a;
+    h.key_b = key.b;
+    h.image_size = e->image_size;
+    h.image_checksum = sci_checksum(e->image, e->image_size);
+    h.n_names = (uint32_t)e->n_names;
+    size_t pos = 0;
+    memcpy(data, &h, sizeof h);
+    pos += sizeof h;
+    for (size_t i = 0; i < e->n_names; i++) {
+        uint32_t lens[2] = {(uint32_t)strlen(e->exprs[i]), (uint32_t)strlen(e->lowered[i])};
+        memcpy(data + pos, lens, sizeof lens);
+        pos += sizeof lens;
+        memcpy(data + pos, e->exprs[i], lens[0]);
+        pos += lens[0];
+        memcpy(data + pos, e->lowered[i], lens[1]);
+        pos += lens[1];
+    }
+    memcpy(data + pos, e->image, e->image_size);
+    pos += e->image_size;
+    uint64_t trailer = sci_checksum(data, pos);
+    memcpy(data + pos, &trailer, sizeof trailer);
+
+    char tmp[1200];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lx", path, (long)getpid(),
+             (unsigned long)(ts.tv_nsec ^ (long)(uintptr_t)&ts));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    bool ok = false;
+    if (fd >= 0) {
+        ok = write_all(fd, data, size) && fsync(fd) == 0;
+        ok = (close(fd) == 0) && ok;
+        if (ok)
+            ok = rename(tmp, path) == 0;
+        if (!ok)
+            unlink(tmp);
+    }
+    free(data);
+    return ok;
+}

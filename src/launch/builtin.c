@@ -1,0 +1,121 @@
+/* The library's own kernels, compiled on first use per context (through the disk cache)
+ * and loaded as internal modules that go with the context. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/program.h"
+#include "launch/builtin.h"
+#include "launch/module.h"
+
+const char *sci_builtin_find(const char *name)
+{
+    for (size_t i = 0; i < sci_builtin_count; i++)
+        if (strcmp(sci_builtin_sources[i].name, name) == 0)
+            return sci_builtin_sources[i].source;
+    return NULL;
+}
+
+typedef struct cached {
+    uint64_t ctx_id;
+    const char *file;   /* points into sci_builtin_sources: compared by address */
+    char kernel[128];
+    uint64_t kernel_id;
+} cached;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static cached *table;
+static size_t n_table, cap_table;
+
+/* Entries whose kernel is gone (their context was destroyed) are dropped. */
+static void prune(void)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n_table; i++) {
+        sci_object *obj = NULL;
+        if (sci_registry_acquire(SCI_KIND_KERNEL, table[i].kernel_id, "prune", &obj) == SC_OK) {
+            sci_registry_release(obj);
+            table[k++] = table[i];
+        }
+    }
+    n_table = k;
+}
+
+static sc_status load_module(sci_context *ctx, const char *file, const char *source,
+                             const char *fn, sci_module **out)
+{
+    sc_program prog = {0};
+    sc_status s = sc_program_create_at((sc_context){ctx->obj.id},
+                                       &(sc_program_desc){.source = source, .name = file},
+                                       &prog, __FILE__, __LINE__);
+    if (s != SC_OK)
+        return s;
+    sci_program *p = NULL;
+    s = sci_program_acquire(prog, fn, &p);
+    if (s == SC_OK) {
+        s = sci_module_load(ctx, p->out.image, p->out.image_size, p->out.is_ptx, p->out.n_names,
+                            p->out.exprs, p->out.lowered, true, __FILE__, __LINE__, fn, out);
+        sci_program_release(p);
+    }
+    sc_program_destroy(prog);
+    return s;
+}
+
+sc_status sci_builtin_kernel(sci_context *ctx, const char *file, const char *kernel,
+                             const char *fn, sc_kernel *out)
+{
+    const char *source = NULL;
+    for (size_t i = 0; i < sci_builtin_count; i++)
+        if (strcmp(sci_builtin_sources[i].name, file) == 0)
+            source = sci_builtin_sources[i].source;
+    if (!source)
+        return sci_fail(SC_ERR_INTERNAL, fn, "no built-in kernel file '%s'", file);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < n_table; i++) {
+        if (table[i].ctx_id == ctx->obj.id && table[i].file == source &&
+            strcmp(table[i].kernel, kernel) == 0) {
+            sci_object *obj = NULL;
+            if (sci_registry_acquire(SCI_KIND_KERNEL, table[i].kernel_id, fn, &obj) == SC_OK) {
+                sci_registry_release(obj);
+                out->id = table[i].kernel_id;
+                pthread_mutex_unlock(&lock);
+                return SC_OK;
+            }
+        }
+    }
+    prune();
+    /* One module per file and context: reuse it for the file's other kernels. */
+    sci_module *m = NULL;
+    for (size_t i = 0; i < n_table && !m; i++) {
+        if (table[i].ctx_id != ctx->obj.id || table[i].file != source)
+            continue;
+        sci_object *obj = NULL;
+        if (sci_registry_acquire(SCI_KIND_KERNEL, table[i].kernel_id, fn, &obj) == SC_OK) {
+            m = ((sci_kernel *)obj)->module;
+            sci_registry_release(obj);
+        }
+    }
+    sc_status s = SC_OK;
+    if (!m)
+        s = load_module(ctx, file, source, fn, &m);
+    if (s == SC_OK)
+        s = sci_kernel_get(m, kernel, true, __FILE__, __LINE__, fn, out);
+    if (s == SC_OK && n_table == cap_table) {
+        size_t cap = cap_table ? cap_table * 2 : 16;
+        cached *grown = realloc(table, cap * sizeof *grown);
+        if (grown) {
+            table = grown;
+            cap_table = cap;
+        }
+    }
+    if (s == SC_OK && n_table < cap_table) {
+        cached *c = &table[n_table++];
+        c->ctx_id = ctx->obj.id;
+        c->file = source;
+        snprintf(c->kernel, sizeof c->kernel, "%s", kernel);
+        c->kernel_id = out->id;
+    }
+    pthread_mutex_unlock(&lock);
+    return s;
+}

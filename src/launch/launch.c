@@ -1,0 +1,247 @@
+/* Checked kernel launches. */
+#include <stdio.h>
+#include <string.h>
+
+#include "launch/module.h"
+#include "memory/buffer.h"
+
+static const char *arg_kind_name(sc_arg_kind k)
+{
+    switch (k) {
+    case SC_ARG_IN: return "in";
+    case SC_ARG_OUT: return "out";
+    case SC_ARG_INOUT: return "inout";
+    case SC_ARG_SCALAR: return "scalar";
+    case SC_ARG_BYTES: return "bytes";
+    }
+    return "invalid";
+}
+
+/* Check the configuration against the device's and the kernel's limits. */
+static sc_status check_config(const sci_kernel *k, const sc_launch_desc *d, sc_dim3 *grid,
+                              sc_dim3 *block, const char *fn)
+{
+    const sc_device_props *p = &k->ctx->props;
+    *grid = d->grid;
+    *block = d->block;
+    if (grid->y == 0)
+        grid->y = 1;
+    if (grid->z == 0)
+        grid->z = 1;
+    if (block->y == 0)
+        block->y = 1;
+    if (block->z == 0)
+        block->z = 1;
+    if (grid->x == 0 || block->x == 0)
+        return sci_fail(SC_ERR_LAUNCH, fn, "kernel '%s': %s.x is 0", k->display,
+                        grid->x == 0 ? "grid" : "block");
+    const uint32_t g[3] = {grid->x, grid->y, grid->z}, b[3] = {block->x, block->y, block->z};
+    for (int i = 0; i < 3; i++) {
+        if (g[i] > (uint32_t)p->max_grid[i])
+            return sci_fail(SC_ERR_LAUNCH, fn, "kernel '%s': grid.%c = %u exceeds the device's %d",
+                            k->display, "xyz"[i], g[i], p->max_grid[i]);
+        if (b[i] > (uint32_t)p->max_block[i])
+            return sci_fail(SC_ERR_LAUNCH, fn,
+                            "kernel '%s': block.%c = %u exceeds the device's %d", k->display,
+                            "xyz"[i], b[i], p->max_block[i]);
+    }
+    uint64_t threads = (uint64_t)b[0] * b[1] * b[2];
+    if (threads > (uint64_t)k->max_threads)
+        return sci_fail(SC_ERR_LAUNCH, fn,
+                        "kernel '%s': a block of %u x %u x %u = %llu threads; the kernel allows "
+                        "at most %d (device limit %d)",
+                        k->display, b[0], b[1], b[2], (unsigned long long)threads, k->max_threads,
+                        p->max_threads_per_block);
+    int dyn = atomic_load(&k->max_dynamic_shared);
+    if (d->shared_bytes > (uint32_t)dyn) {
+        int optin = p->shared_per_block_optin - k->static_shared;
+        if (d->shared_bytes <= (uint32_t)optin)
+            return sci_fail(SC_ERR_LAUNCH, fn,
+                            "kernel '%s': %u bytes of dynamic shared memory asked; the kernel's "
+                            "limit is %d (raise it up to %d with "
+                            "sc_kernel_set_max_dynamic_shared)",
+                            k->display, d->shared_bytes, dyn, optin);
+        return sci_fail(SC_ERR_LAUNCH, fn,
+                        "kernel '%s': %u bytes of dynamic shared memory asked; the device allows "
+                        "%d per block and the kernel uses %d statically (at most %d dynamic)",
+                        k->display, d->shared_bytes, p->shared_per_block_optin, k->static_shared,
+                        optin);
+    }
+    return SC_OK;
+}
+
+/* Check one argument against the kernel's parameter i. */
+static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
+                           const sci_resolved_view *v, const char *fn)
+{
+    size_t given = 0;
+    char what[64];
+    switch (a->kind) {
+    case SC_ARG_IN: case SC_ARG_OUT: case SC_ARG_INOUT:
+        given = sizeof(CUdeviceptr);
+        snprintf(what, sizeof what, "%s %s view", arg_kind_name(a->kind),
+                 sc_dtype_name(v->buf->dtype));
+        break;
+    case SC_ARG_SCALAR:
+        given = sc_dtype_size(a->dtype);
+        snprintf(what, sizeof what, "%s scalar", sc_dtype_name(a->dtype));
+        if (given == 0)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "argument %d: invalid scalar dtype %d",
+                            i, (int)a->dtype);
+        break;
+    case SC_ARG_BYTES:
+        given = a->size;
+        snprintf(what, sizeof what, "%zu raw bytes", a->size);
+        if (!a->bytes || a->size == 0)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "argument %d: sc_arg_bytes with a NULL pointer or size 0", i);
+        break;
+    default:
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "argument %d: invalid kind %d", i,
+                        (int)a->kind);
+    }
+    if (k->n_params >= 0 && given != k->param_size[i])
+        return sci_fail(SC_ERR_LAUNCH, fn,
+                        "kernel '%s', argument %d: the kernel's parameter%s%s%s is %u bytes but "
+                        "a %s of %zu bytes was given",
+                        k->display, i, k->typed ? " (" : "", k->typed ? k->types[i].text : "",
+                        k->typed ? ")" : "", k->param_size[i], what, given);
+    if (!k->typed)
+        return SC_OK;
+    const sci_param_type *t = &k->types[i];
+    bool is_view = a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT;
+    if (is_view) {
+        if (t->kind != SCI_PARAM_POINTER) {
+            if (t->kind == SCI_PARAM_OTHER)
+                return SC_OK;
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel wants '%s' but an %s was given",
+                            k->display, i, t->text, what);
+        }
+        if (t->dtype != SC_DTYPE_INVALID && t->dtype != v->buf->dtype)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel wants '%s' but an %s was given "
+                            "(buffer '%s' created at %s:%d)",
+                            k->display, i, t->text, what, v->buf->obj.label,
+                            sci_basename(v->buf->obj.file), v->buf->obj.line);
+        if (t->is_const && a->kind != SC_ARG_IN)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel declares '%s' (read-only) but "
+                            "it was passed as %s; pass it with sc_arg_in",
+                            k->display, i, t->text, arg_kind_name(a->kind));
+        return SC_OK;
+    }
+    if (a->kind == SC_ARG_SCALAR) {
+        if (t->kind == SCI_PARAM_POINTER)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel wants '%s' (a buffer: pass a "
+                            "view) but an %s was given",
+                            k->display, i, t->text, what);
+        if (t->kind == SCI_PARAM_SCALAR && t->dtype != SC_DTYPE_INVALID && t->dtype != a->dtype)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel wants '%s' but an %s was given",
+                            k->display, i, t->text, what);
+    }
+    return SC_OK;
+}
+
+sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
+                           const sc_arg *args, size_t nargs)
+{
+    static const char fn[] = "sc_kernel_launch";
+    SCI_CHECK_PTR(fn, desc);
+    if (nargs && !args)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "args is NULL but nargs is %zu", nargs);
+    if (nargs > SCI_MAX_PARAMS)
+        return sci_fail(SC_ERR_LAUNCH, fn, "%zu arguments (at most %d)", nargs, SCI_MAX_PARAMS);
+    sci_kernel *k = NULL;
+    sc_status s = sci_kernel_acquire(kernel, fn, &k);
+    if (s != SC_OK)
+        return s;
+    if (k->n_params >= 0 && (size_t)k->n_params != nargs) {
+        s = sci_fail(SC_ERR_LAUNCH, fn, "kernel '%s' takes %d argument%s but %zu %s given",
+                     k->display, k->n_params, k->n_params == 1 ? "" : "s", nargs,
+                     nargs == 1 ? "was" : "were");
+        sci_kernel_release(k);
+        return s;
+    }
+    sc_dim3 grid, block;
+    if ((s = check_config(k, desc, &grid, &block, fn)) != SC_OK) {
+        sci_kernel_release(k);
+        return s;
+    }
+
+    sci_resolved_view views[SCI_MAX_PARAMS];
+    sci_access acc[SCI_MAX_PARAMS];
+    union {
+        CUdeviceptr ptr;
+        int32_t i32;
+        uint32_t u32;
+        int64_t i64;
+        uint64_t u64;
+        float f32;
+        double f64;
+    } values[SCI_MAX_PARAMS];
+    void *params[SCI_MAX_PARAMS];
+    size_t n_views = 0, n_acc = 0;
+    memset(views, 0, sizeof views);
+    for (size_t i = 0; i < nargs && s == SC_OK; i++) {
+        const sc_arg *a = &args[i];
+        sci_resolved_view *v = &views[i];
+        if (a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT) {
+            char what[32];
+            snprintf(what, sizeof what, "argument %zu", i);
+            s = sci_view_resolve(a->view, fn, what, v);
+            if (s != SC_OK)
+                break;
+            n_views = i + 1;
+            if (v->buf->ctx != k->ctx) {
+                s = sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                             "argument %zu: buffer '%s' (created at %s:%d) belongs to another "
+                             "context than kernel '%s'",
+                             i, v->buf->obj.label, sci_basename(v->buf->obj.file),
+                             v->buf->obj.line, k->display);
+                break;
+            }
+        }
+        s = check_arg(k, (int)i, a, v, fn);
+        if (s != SC_OK)
+            break;
+        switch (a->kind) {
+        case SC_ARG_IN: case SC_ARG_OUT: case SC_ARG_INOUT:
+            values[i].ptr = v->ptr;
+            params[i] = &values[i];
+            acc[n_acc].tracker = &v->buf->tracker;
+            acc[n_acc++].mode = a->kind == SC_ARG_IN ? SCI_READ
+                                : a->kind == SC_ARG_OUT ? SCI_WRITE : SCI_READ_WRITE;
+            break;
+        case SC_ARG_SCALAR:
+            memcpy(&values[i], &a->value, sizeof values[i]);
+            params[i] = &values[i];
+            break;
+        case SC_ARG_BYTES:
+            params[i] = (void *)a->bytes;
+            break;
+        }
+    }
+    if (s == SC_OK) {
+        sci_stream *st = NULL;
+        s = sci_stream_resolve(stream, k->ctx, fn, &st);
+        if (s == SC_OK) {
+            s = sci_access_begin(acc, n_acc, st, k->ctx->tracking, fn);
+            if (s == SC_OK) {
+                CUresult r = sci_cuLaunchKernel(k->fn, grid.x, grid.y, grid.z, block.x, block.y,
+                                                block.z, desc->shared_bytes, st->cu,
+                                                nargs ? params : NULL, NULL);
+                sci_access_end(acc, n_acc, st, r == CUDA_SUCCESS);
+                if (r != CUDA_SUCCESS)
+                    s = sci_context_fail_cu(k->ctx, r, fn, "cuLaunchKernel('%s')", k->display);
+            }
+            sci_stream_release(st);
+        }
+    }
+    for (size_t i = 0; i < n_views; i++)
+        sci_view_release(&views[i]);
+    sci_kernel_release(k);
+    return s;
+}
