@@ -522,6 +522,12 @@ SC_API sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_mod
 /* Unload the module; its kernels' handles become stale. */
 SC_API sc_status sc_module_destroy(sc_module module);
 
+/* The names of the module's kernels (mangled for C++ kernels): up to capacity of them
+ * into names (strings valid while the module lives), the number in *count.
+ * SC_ERR_NOT_SUPPORTED before CUDA 12.4 drivers. */
+SC_API sc_status sc_module_kernel_names(sc_module module, const char **names, size_t capacity,
+                                        size_t *count);
+
 /* A kernel of the module by name: an extern "C" name, a mangled name, or one of the
  * program's name expressions (e.g. "scale<float>"). */
 SC_API sc_status sc_kernel_get_at(sc_module module, const char *name, sc_kernel *kernel,

@@ -1,10 +1,12 @@
 /* safecuda: the command-line tool.
  *
  *   safecuda info [--json]   driver, compiler and device properties
+ *   safecuda compile FILE.cu [--arch sm_90] [--ptx] [-o OUT] [-DNAME[=V] ...]
  *   safecuda version
  *
  * Exit status: 0 success, 1 failure, 2 no usable driver or device, 64 bad usage. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "safecuda.h"
@@ -19,6 +21,10 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  info [--json]   show the driver, NVRTC and every device's properties\n"
+            "  compile FILE.cu [--arch sm_XY] [--ptx] [-o OUT] [NVRTC options...]\n"
+            "                  compile with NVRTC as the library does (same options and\n"
+            "                  disk cache); print the log and, when a device is present,\n"
+            "                  registers and shared memory per kernel\n"
             "  version         show safecuda's version\n"
             "  help            show this text\n");
 }
@@ -164,6 +170,149 @@ static int cmd_info(int argc, char **argv)
     return failures ? 1 : 0;
 }
 
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *data = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (data = malloc((size_t)n + 1))) {
+        if (fread(data, 1, (size_t)n, f) != (size_t)n) {
+            free(data);
+            data = NULL;
+        } else {
+            data[n] = '\0';
+        }
+    }
+    fclose(f);
+    return data;
+}
+
+static int cmd_compile(int argc, char **argv)
+{
+    const char *path = NULL, *out = NULL;
+    int arch = 0;
+    bool ptx = false;
+    const char *options[64];
+    int n_options = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) {
+            const char *a = argv[++i];
+            if (strncmp(a, "sm_", 3) == 0 || strncmp(a, "compute_", 8) == 0)
+                a = strchr(a, '_') + 1;
+            arch = atoi(a);
+            if (arch < 50) {
+                fprintf(stderr, "safecuda compile: bad --arch '%s' (write sm_90)\n", argv[i]);
+                return EXIT_USAGE;
+            }
+        } else if (strcmp(argv[i], "--ptx") == 0) {
+            ptx = true;
+        } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) {
+            out = argv[++i];
+        } else if (argv[i][0] == '-' && n_options < 63) {
+            options[n_options++] = argv[i];
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "safecuda compile: unexpected argument '%s'\n", argv[i]);
+            return EXIT_USAGE;
+        }
+    }
+    options[n_options] = NULL;
+    if (!path) {
+        fprintf(stderr, "safecuda compile: no input file\n");
+        return EXIT_USAGE;
+    }
+    char *source = read_text(path);
+    if (!source) {
+        fprintf(stderr, "safecuda compile: cannot read '%s'\n", path);
+        return 1;
+    }
+    /* With a device (and no --arch), compile for it and report per-kernel resources. */
+    sc_context ctx = {0};
+    int count = 0;
+    bool have_device = sc_device_count(&count) == SC_OK && count > 0 &&
+                       sc_context_create(NULL, &ctx) == SC_OK;
+    if (!have_device && arch == 0) {
+        fprintf(stderr, "safecuda compile: no CUDA device here: name the target with --arch "
+                        "(e.g. --arch sm_90)\n");
+        free(source);
+        return EXIT_NO_GPU;
+    }
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    sc_program prog;
+    sc_status s = sc_program_create(arch ? (sc_context){0} : ctx,
+                                    &(sc_program_desc){.source = source, .name = name,
+                                                       .options = options, .ptx = ptx,
+                                                       .arch = arch},
+                                    &prog);
+    free(source);
+    if (s != SC_OK) {
+        fprintf(stderr, "%s\n", sc_last_error());
+        if (have_device)
+            sc_context_destroy(ctx);
+        return s == SC_ERR_NO_COMPILER ? EXIT_NO_GPU : 1;
+    }
+    sc_program_props pp;
+    sc_program_info(prog, &pp);
+    size_t log_size = 0;
+    sc_program_log(prog, NULL, 0, &log_size);
+    char *log = malloc(log_size);
+    if (log && log_size > 1 && sc_program_log(prog, log, log_size, NULL) == SC_OK)
+        fprintf(stderr, "%s", log);
+    free(log);
+    printf("%s: %s for sm_%d, %llu bytes, %s in %.1f ms\n", path, pp.is_ptx ? "PTX" : "cubin",
+           pp.arch, (unsigned long long)pp.image_bytes,
+           pp.from_cache ? "from the cache" : "compiled", pp.compile_ms);
+    int rc = 0;
+    if (out) {
+        const void *image;
+        uint64_t bytes;
+        sc_program_image(prog, &image, &bytes);
+        if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
+            bytes--; /* write PTX as text */
+        FILE *f = fopen(out, "wb");
+        if (!f || fwrite(image, 1, bytes, f) != bytes) {
+            fprintf(stderr, "safecuda compile: cannot write '%s'\n", out);
+            rc = 1;
+        }
+        if (f)
+            fclose(f);
+        if (!rc)
+            printf("wrote %s\n", out);
+    }
+    if (have_device) {
+        sc_module mod;
+        const char *names[256];
+        size_t n = 0;
+        if (sc_module_load(ctx, prog, &mod) == SC_OK) {
+            if (sc_module_kernel_names(mod, names, 256, &n) == SC_OK) {
+                printf("%-40s %5s %8s %8s %8s %7s\n", "kernel", "regs", "shared", "local",
+                       "threads", "params");
+                for (size_t i = 0; i < n && i < 256; i++) {
+                    sc_kernel k;
+                    sc_kernel_props kp;
+                    if (sc_kernel_get(mod, names[i], &k) == SC_OK &&
+                        sc_kernel_info(k, &kp) == SC_OK)
+                        printf("%-40.40s %5d %8d %8d %8d %7d\n", names[i], kp.registers,
+                               kp.static_shared_bytes, kp.local_bytes, kp.max_threads_per_block,
+                               kp.n_params);
+                }
+            }
+            sc_module_destroy(mod);
+        } else {
+            fprintf(stderr, "safecuda compile: loading the module failed: %s\n", sc_last_error());
+            rc = 1;
+        }
+    }
+    sc_program_destroy(prog);
+    if (have_device)
+        sc_context_destroy(ctx);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -173,6 +322,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "info") == 0)
         return cmd_info(argc - 2, argv + 2);
+    if (strcmp(cmd, "compile") == 0)
+        return cmd_compile(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("safecuda %s\n", sc_version_string());
         return 0;

@@ -219,6 +219,10 @@ enum {
     X(cuModuleUnload, 2000, 1, (CUmodule m), (m))                                              \
     X(cuModuleGetFunction, 2000, 1, (CUfunction * f, CUmodule m, const char *name),            \
       (f, m, name))                                                                            \
+    X(cuModuleGetFunctionCount, 12040, 0, (unsigned *n, CUmodule m), (n, m))                   \
+    X(cuModuleEnumerateFunctions, 12040, 0, (CUfunction * fns, unsigned n, CUmodule m),        \
+      (fns, n, m))                                                                             \
+    X(cuFuncGetName, 12030, 0, (const char **name, CUfunction f), (name, f))                   \
     X(cuFuncGetAttribute, 2020, 1, (int *v, CUfunction_attribute a, CUfunction f), (v, a, f))  \
     X(cuFuncSetAttribute, 9000, 1, (CUfunction f, CUfunction_attribute a, int v), (f, a, v))   \
     X(cuFuncGetParamInfo, 12040, 0, (CUfunction f, size_t i, size_t *off, size_t *size),       \

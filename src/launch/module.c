@@ -236,6 +236,53 @@ sc_status sc_module_destroy(sc_module module)
     return module_destroy(module.id, "sc_module_destroy");
 }
 
+sc_status sc_module_kernel_names(sc_module module, const char **names, size_t capacity,
+                                 size_t *count)
+{
+    static const char fn[] = "sc_module_kernel_names";
+    SCI_CHECK_PTR(fn, count);
+    if (capacity && !names)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "names is NULL but capacity is %zu",
+                        capacity);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MODULE, module.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_module *m = (sci_module *)obj;
+    unsigned n = 0;
+    CUfunction *fns = NULL;
+    CUresult r;
+    if ((s = sci_context_enter(m->ctx, fn)) != SC_OK)
+        goto out;
+    r = sci_cuModuleGetFunctionCount(&n, m->cu);
+    if (r == CUDA_ERROR_NOT_INITIALIZED) { /* the entry point is missing: old driver */
+        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the driver can't list a module's kernels "
+                     "(CUDA 12.4 or newer needed)");
+        goto out;
+    }
+    if (r != CUDA_SUCCESS) {
+        s = sci_context_fail_cu(m->ctx, r, fn, "cuModuleGetFunctionCount");
+        goto out;
+    }
+    *count = n;
+    if (n && capacity) {
+        fns = calloc(n, sizeof *fns);
+        if (!fns) {
+            s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
+            goto out;
+        }
+        r = sci_cuModuleEnumerateFunctions(fns, n, m->cu);
+        for (unsigned i = 0; i < n && i < capacity && r == CUDA_SUCCESS; i++)
+            r = sci_cuFuncGetName(&names[i], fns[i]);
+        if (r != CUDA_SUCCESS)
+            s = sci_context_fail_cu(m->ctx, r, fn, "listing the module's kernels");
+    }
+out:
+    free(fns);
+    sci_registry_release(obj);
+    return s;
+}
+
 /* ---- kernels ----------------------------------------------------------------------------- */
 
 static void read_params(sci_kernel *k)
