@@ -43,12 +43,15 @@ bool sci_cu_error_is_sticky(CUresult r);
 
 /* ---- fault injection (tests only) ----------------------------------------------------
  * Make the nth call (1-based, counted from now) of entry point `name` ("cuMemAlloc",
- * "nvrtcCompileProgram", ...) return `error` instead of calling through. Every call of
- * that entry point is counted while armed. Returns false if the name is unknown. */
+ * "nvrtcCompileProgram", ...; "*" for any entry point) return `error` instead of calling
+ * through. Every call of the armed entry point(s) is counted while armed (nth = 0 only
+ * counts). Returns false if the name is unknown. */
 bool sci_fault_arm(const char *name, uint64_t nth, int error);
 void sci_fault_disarm(void);
-/* Calls of the armed entry point since arming, and whether the fault was delivered. */
+/* Calls of the armed entry point(s) since arming, whether the fault was delivered, and
+ * the entry point that received it. */
 uint64_t sci_fault_calls(void);
 bool sci_fault_fired(void);
+const char *sci_fault_last_name(void);
 
 #endif

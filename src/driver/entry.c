@@ -18,7 +18,8 @@ const size_t sci_nvrtc_entry_count = sizeof sci_nvrtc_entries / sizeof sci_nvrtc
 
 /* ---- fault injection ------------------------------------------------------------------ */
 
-static atomic_int fault_armed;       /* 0: off; else 1 + the armed entry's index */
+static atomic_int fault_armed;       /* 0: off; -1: every entry; else 1 + the entry's index */
+static _Atomic(const char *) fault_last_name; /* the entry point of the call that failed */
 static atomic_uint_fast64_t fault_calls;
 static uint64_t fault_nth;
 static int fault_error;
@@ -27,13 +28,15 @@ static atomic_bool fault_fired;
 bool sci_fault_arm(const char *name, uint64_t nth, int error)
 {
     int index = -1;
+    if (strcmp(name, "*") == 0)
+        index = -2; /* armed value -1: count every entry point */
     for (size_t i = 0; i < sci_cu_entry_count; i++)
         if (strcmp(sci_cu_entries[i].name, name) == 0)
             index = (int)i;
     for (size_t i = 0; i < sci_nvrtc_entry_count; i++)
         if (strcmp(sci_nvrtc_entries[i].name, name) == 0)
             index = (int)(sci_cu_entry_count + i);
-    if (index < 0)
+    if (index == -1)
         return false;
     atomic_store(&fault_armed, 0);
     fault_nth = nth;
@@ -46,18 +49,27 @@ bool sci_fault_arm(const char *name, uint64_t nth, int error)
 
 void sci_fault_disarm(void) { atomic_store(&fault_armed, 0); }
 uint64_t sci_fault_calls(void) { return atomic_load(&fault_calls); }
+const char *sci_fault_last_name(void) { return atomic_load(&fault_last_name); }
 bool sci_fault_fired(void) { return atomic_load(&fault_fired); }
+
+static const char *entry_name(int index)
+{
+    if ((size_t)index < sci_cu_entry_count)
+        return sci_cu_entries[index].name;
+    return sci_nvrtc_entries[(size_t)index - sci_cu_entry_count].name;
+}
 
 /* Returns true (and the error to answer) when this call of entry `index` must fail. */
 static inline bool fault_hit(int index, int *error)
 {
-    if (__builtin_expect(atomic_load_explicit(&fault_armed, memory_order_relaxed) != index + 1,
-                         1))
+    int armed = atomic_load_explicit(&fault_armed, memory_order_relaxed);
+    if (__builtin_expect(armed == 0, 1) || (armed != index + 1 && armed != -1))
         return false;
     uint64_t n = atomic_fetch_add(&fault_calls, 1) + 1;
     if (n != fault_nth)
         return false;
     atomic_store(&fault_fired, true);
+    atomic_store(&fault_last_name, entry_name(index));
     *error = fault_error;
     return true;
 }
