@@ -211,7 +211,7 @@ static int cmd_compile(int argc, char **argv)
             ptx = true;
         } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) {
             out = argv[++i];
-        } else if (argv[i][0] == '-' && n_options < 63) {
+        } else if (argv[i][0] == '-' && n_options < 62) {
             options[n_options++] = argv[i];
         } else if (!path) {
             path = argv[i];
@@ -220,11 +220,17 @@ static int cmd_compile(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    options[n_options] = NULL;
     if (!path) {
         fprintf(stderr, "safecuda compile: no input file\n");
         return EXIT_USAGE;
     }
+    /* #include "..." finds files beside the source, as with nvcc. */
+    char include_dir[1100];
+    const char *slash = strrchr(path, '/');
+    snprintf(include_dir, sizeof include_dir, "-I%.*s", slash ? (int)(slash - path) : 1,
+             slash ? path : ".");
+    options[n_options++] = include_dir;
+    options[n_options] = NULL;
     char *source = read_text(path);
     if (!source) {
         fprintf(stderr, "safecuda compile: cannot read '%s'\n", path);

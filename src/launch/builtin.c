@@ -42,13 +42,39 @@ static void prune(void)
     n_table = k;
 }
 
+/* Every embedded header (.cuh), named by its path under kernels/ ("moe/moe_config.cuh"). */
+static size_t builtin_headers(sc_program_header *out, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < sci_builtin_count && n < cap; i++) {
+        size_t len = strlen(sci_builtin_sources[i].name);
+        if (len > 4 && strcmp(sci_builtin_sources[i].name + len - 4, ".cuh") == 0)
+            out[n++] = (sc_program_header){sci_builtin_sources[i].name,
+                                           sci_builtin_sources[i].source};
+    }
+    return n;
+}
+
+sc_status sci_builtin_program(sc_context ctx, const char *file, int arch, sc_program *out)
+{
+    const char *source = sci_builtin_find(file);
+    if (!source)
+        return sci_fail(SC_ERR_INTERNAL, "sci_builtin_program", "no built-in file '%s'", file);
+    sc_program_header headers[32];
+    size_t n = builtin_headers(headers, 32);
+    return sc_program_create_at(ctx,
+                                &(sc_program_desc){.source = source, .name = file,
+                                                   .headers = headers, .n_headers = n,
+                                                   .arch = arch},
+                                out, __FILE__, __LINE__);
+}
+
 static sc_status load_module(sci_context *ctx, const char *file, const char *source,
                              const char *fn, sci_module **out)
 {
+    (void)source;
     sc_program prog = {0};
-    sc_status s = sc_program_create_at((sc_context){ctx->obj.id},
-                                       &(sc_program_desc){.source = source, .name = file},
-                                       &prog, __FILE__, __LINE__);
+    sc_status s = sci_builtin_program((sc_context){ctx->obj.id}, file, 0, &prog);
     if (s != SC_OK)
         return s;
     sci_program *p = NULL;

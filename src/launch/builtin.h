@@ -18,6 +18,10 @@ extern const size_t sci_builtin_count;
 /* The embedded source of a built-in file, or NULL. */
 const char *sci_builtin_find(const char *name);
 
+/* Compile a built-in .cu file (with every built-in .cuh as a header) for ctx, or for arch
+ * when ctx is the zero handle (compile-only). */
+sc_status sci_builtin_program(sc_context ctx, const char *file, int arch, sc_program *out);
+
 /* A kernel of a built-in file for the context: compiled (through the disk cache) and
  * loaded once per context, then kept until the context is destroyed. The kernel handle
  * is internal (never reported as a leak). */

@@ -160,6 +160,16 @@ sc_status sc_buffer_destroy(sc_buffer buffer)
     return buffer_destroy(buffer.id, "sc_buffer_destroy");
 }
 
+void sci_buffer_set_internal(sc_buffer buffer)
+{
+    sci_object *obj = NULL;
+    if (sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, "sci_buffer_set_internal", &obj) ==
+        SC_OK) {
+        obj->internal = true;
+        sci_registry_release(obj);
+    }
+}
+
 sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props)
 {
     static const char fn[] = "sc_buffer_info";

@@ -36,6 +36,9 @@ sc_status sci_view_resolve(sc_view v, const char *fn, const char *what,
                            sci_resolved_view *out);
 void sci_view_release(sci_resolved_view *rv);
 
+/* Mark a buffer as the library's own (a workspace): never reported as a leak. */
+void sci_buffer_set_internal(sc_buffer b);
+
 /* "buffer 'x' of 256 f32 (created at demo.c:14)" for messages. */
 const char *sci_buffer_describe(const sci_buffer *b, char *buf, size_t size);
 

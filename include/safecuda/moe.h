@@ -1,0 +1,70 @@
+/* safecuda MoE: a fused Mixture-of-Experts layer (forward pass) on the GPU.
+ *
+ * For tokens x [T, H]: router logits = x Wg^T (Wg [E, H]); scores = softmax(logits) or
+ * sigmoid(logits); the top k experts per token by score (+ an optional per-expert bias used
+ * only for the selection, DeepSeek-V3 style), ties to the lower index; the routing weights
+ * are the chosen scores, renormalized to sum to 1 when asked. Each chosen expert e computes
+ * h = silu(x W1[e]^T) * (x W3[e]^T) with W1 and W3 stacked as W13 [E, 2I, H] (rows 0..I-1
+ * are W1), then y_e = h W2[e]^T (W2 [E, H, I]); out[t] = sum over the chosen e of
+ * weight(t, e) * y_e[t].
+ *
+ * bf16 weights and activations, fp32 accumulation, tensor cores (mma.sync). The forward
+ * pass makes no host synchronization (expert counts stay on the device) and is
+ * deterministic: the same input gives bit-identical output. */
+#ifndef SAFECUDA_MOE_H
+#define SAFECUDA_MOE_H
+
+#include "../safecuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sc_moe { uint64_t id; } sc_moe;
+
+typedef enum sc_moe_scoring { SC_MOE_SOFTMAX = 0, SC_MOE_SIGMOID } sc_moe_scoring;
+
+typedef struct sc_moe_desc {
+    int experts;          /* E: 1 .. 256 */
+    int top_k;            /* k: 1 .. min(E, 16) */
+    int hidden;           /* H: a multiple of 8 */
+    int intermediate;     /* I: a multiple of 8 */
+    sc_dtype dtype;       /* SC_BF16 (0 means SC_BF16) */
+    sc_moe_scoring scoring;
+    bool renormalize;     /* renormalize the chosen weights to sum to 1 */
+    sc_buffer router;     /* Wg  [E, H]      (E * H elements of dtype) */
+    sc_buffer w13;        /* W13 [E, 2I, H] */
+    sc_buffer w2;         /* W2  [E, H, I] */
+    sc_buffer selection_bias; /* optional: [E] f32, added to the scores for selection only */
+    uint64_t max_tokens;  /* workspace hint (default 256); grown on demand */
+    const char *label;
+} sc_moe_desc;
+
+/* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
+ * handles, so destroying a weight buffer makes later forwards fail with a stale handle).
+ * Compiles the MoE kernels on first use (cached on disk). */
+SC_API sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
+                                  const char *file, int line);
+#define sc_moe_create(...) sc_moe_create_at(__VA_ARGS__, __FILE__, __LINE__)
+SC_API sc_status sc_moe_destroy(sc_moe layer);
+
+/* Optional outputs of a forward pass: the chosen experts (i32 [T, k]) and their routing
+ * weights (f32 [T, k]), in slot order. Zero views (no buffer) are not written. */
+typedef struct sc_moe_forward_desc {
+    sc_view expert_ids;
+    sc_view expert_weights;
+} sc_moe_forward_desc;
+
+/* out [T, H] = MoE(x [T, H]) on stream; T = x's element count / H. Both views are bf16;
+ * out must not overlap x. opts may be NULL. Grows the workspace when T exceeds it
+ * (stream-ordered, no host synchronization). */
+SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
+                                const sc_moe_forward_desc *opts);
+
+/* Bytes of device workspace the layer holds now. */
+SC_API sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
