@@ -252,7 +252,10 @@ SC_API const char *sc_dtype_name(sc_dtype dtype);
  * Streams and events
  *
  * Every operation runs on a stream. The zero handle SC_DEFAULT_STREAM means the context's
- * default stream (a non-blocking stream the context creates on first use). Operations on
+ * default stream (a non-blocking stream the context creates on first use) wherever another
+ * argument (a view, an event, a kernel) names the context: copies, fills, launches, event
+ * records. Functions that take only a stream (sc_stream_synchronize, sc_stream_destroy,
+ * ...) need a real handle: sc_context_default_stream gives the default stream's. Operations on
  * one stream run in order. With event tracking on (the default), an operation that
  * touches a buffer last used on another stream first waits for that use when the two
  * conflict (read-after-write, write-after-read, write-after-write); operations on one
@@ -417,8 +420,9 @@ SC_API sc_status sc_host_buffer_read(sc_host_buffer host, uint64_t offset, void 
  * no-op. The stream argument may be SC_DEFAULT_STREAM.
  * ==================================================================================== */
 
-/* From pageable host memory: returns once src may be reused (the copy may still be in
- * flight on the stream). */
+/* From pageable host memory: returns once src may be reused (the call waits for the
+ * copy, and so for the stream's earlier work). For asynchronous uploads use a pinned
+ * sc_host_buffer and sc_copy_from_host_buffer. */
 SC_API sc_status sc_copy_from_host(sc_stream stream, sc_view dst, const void *src,
                                    uint64_t bytes);
 /* To pageable host memory: returns when dst holds the data. */

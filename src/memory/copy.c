@@ -45,16 +45,6 @@ static sc_status host_size_check(const sci_resolved_view *v, uint64_t bytes, con
                     sci_buffer_describe(v->buf, desc, sizeof desc));
 }
 
-/* Page-locked memory (ours or registered elsewhere) makes the driver's copy asynchronous;
- * the pageable-copy promise (src reusable on return) then needs a wait. */
-static bool is_page_locked(const void *p)
-{
-    int type = 0;
-    return sci_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
-           type == CU_MEMORYTYPE_HOST;
-}
-
 sc_status sc_copy_from_host(sc_stream stream, sc_view dst, const void *src, uint64_t bytes)
 {
     static const char fn[] = "sc_copy_from_host";
@@ -72,7 +62,11 @@ sc_status sc_copy_from_host(sc_stream stream, sc_view dst, const void *src, uint
         goto out;
     CUresult r = sci_cuMemcpyHtoDAsync(d.ptr, src, bytes, st->cu);
     s = finish(d.buf->ctx, &acc, 1, st, r, fn, "cuMemcpyHtoDAsync");
-    if (s == SC_OK && is_page_locked(src)) {
+    /* From pageable memory the driver returns once src is staged; but src may be
+     * page-locked memory allocated elsewhere, which the driver reads asynchronously. Asking
+     * which it is (cuPointerGetAttribute) fails loudly for pageable pointers under
+     * compute-sanitizer, so wait for the copy instead: src is free on return either way. */
+    if (s == SC_OK) {
         r = sci_cuStreamSynchronize(st->cu);
         if (r != CUDA_SUCCESS)
             s = sci_context_fail_cu(d.buf->ctx, r, fn, "cuStreamSynchronize failed");
