@@ -1,0 +1,357 @@
+/* Shared helpers for the benchmarks: status checks, clocks, medians, random data, the
+ * command line (--out DIR, --quick), the no-GPU skip rule and the Python peers.
+ *
+ * Every function is static inline so a program that leaves one unused still builds with
+ * -Werror. The benchmarks include the library's internal headers (src/ is on their include
+ * path) to reach the raw driver through the sci_cu* wrappers for the baselines. */
+#ifndef SAFECUDA_BENCH_COMMON_H
+#define SAFECUDA_BENCH_COMMON_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "driver/driver.h"
+#include "safecuda.h"
+
+#ifndef SAFECUDA_SOURCE_DIR
+#define SAFECUDA_SOURCE_DIR "."
+#endif
+
+/* ---- status checks: any failure ends the benchmark with exit status 1 ---------------- */
+
+static inline void bench_fail_sc(const char *expr, sc_status s, const char *file, int line)
+{
+    fflush(stdout);
+    fprintf(stderr, "bench: %s:%d: %s failed: %s: %s\n", file, line, expr, sc_status_name(s),
+            sc_last_error());
+    printf("FAILED: %s returned %s: %s\n", expr, sc_status_name(s), sc_last_error());
+    exit(1);
+}
+
+static inline void bench_fail_cu(const char *expr, CUresult r, const char *file, int line)
+{
+    fflush(stdout);
+    fprintf(stderr, "bench: %s:%d: %s failed: %s (%s)\n", file, line, expr,
+            sci_cu_error_name(r), sci_cu_error_string(r));
+    printf("FAILED: %s returned %s\n", expr, sci_cu_error_name(r));
+    exit(1);
+}
+
+/* Evaluate an sc_status expression; on failure print sc_last_error() and exit 1. */
+#define SC_TRY(expr)                                          \
+    do {                                                      \
+        sc_status sc_try_ = (expr);                           \
+        if (sc_try_ != SC_OK)                                 \
+            bench_fail_sc(#expr, sc_try_, __FILE__, __LINE__); \
+    } while (0)
+
+/* Evaluate a CUresult expression (raw driver baselines); on failure exit 1. */
+#define CU_TRY(expr)                                          \
+    do {                                                      \
+        CUresult cu_try_ = (expr);                            \
+        if (cu_try_ != CUDA_SUCCESS)                          \
+            bench_fail_cu(#expr, cu_try_, __FILE__, __LINE__); \
+    } while (0)
+
+static inline void *bench_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("FAILED: out of host memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- command line ----------------------------------------------------------------------- */
+
+typedef struct bench_opts {
+    const char *out_dir; /* NULL: write no data files */
+    bool quick;          /* smoke-test sizes and counts: the numbers are not results */
+} bench_opts;
+
+static inline bench_opts bench_parse_args(int argc, char **argv, const char *about)
+{
+    bench_opts o = {NULL, false};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--quick") == 0) {
+            o.quick = true;
+        } else if (strcmp(a, "--out") == 0 && i + 1 < argc) {
+            o.out_dir = argv[++i];
+        } else if (strncmp(a, "--out=", 6) == 0) {
+            o.out_dir = a + 6;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf("usage: %s [--out DIR] [--quick]\n%s\n"
+                   "  --out DIR  also write the results as CSV into DIR\n"
+                   "  --quick    few sizes and repetitions (a smoke test, not a result)\n"
+                   "environment: SAFECUDA_BENCH_PYTHON (default python3), "
+                   "SAFECUDA_BENCH_NO_PEER=1 (skip the torch peer)\n",
+                   argv[0], about);
+            exit(0);
+        } else {
+            fprintf(stderr, "%s: unknown argument '%s' (try --help)\n", argv[0], a);
+            exit(2);
+        }
+    }
+    if (o.out_dir && !*o.out_dir)
+        o.out_dir = NULL;
+    return o;
+}
+
+/* Open DIR/name for writing, or NULL (with a note) when --out was not given or it fails. */
+static inline FILE *bench_open_out(const bench_opts *o, const char *name, char *path,
+                                   size_t path_size)
+{
+    if (!o->out_dir)
+        return NULL;
+    snprintf(path, path_size, "%s/%s", o->out_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        printf("note: can't write %s: %s\n", path, strerror(errno));
+    return f;
+}
+
+/* Without a driver or a device the benchmark has nothing to measure: say so, exit 0. */
+static inline void bench_require_gpu(const char *name)
+{
+    int n = 0;
+    sc_status s = sc_device_count(&n);
+    if (s != SC_OK) {
+        printf("%s: skipped: %s\n", name, sc_last_error());
+        exit(0);
+    }
+    if (n == 0) {
+        printf("%s: skipped: the CUDA driver sees no device\n", name);
+        exit(0);
+    }
+}
+
+/* "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver CUDA 13.0" */
+static inline void bench_describe_device(int device, sc_device_props *props, char *buf,
+                                         size_t size)
+{
+    SC_TRY(sc_device_info(device, props));
+    int v = 0;
+    SC_TRY(sc_driver_version(&v));
+    snprintf(buf, size, "%s, cc %d.%d, %d SMs, driver CUDA %d.%d", props->name,
+             props->cc_major, props->cc_minor, props->sm_count, v / 1000, (v % 1000) / 10);
+}
+
+/* ---- clocks, statistics, data ------------------------------------------------------------ */
+
+static inline uint64_t bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (v is reordered). 0 for n == 0. */
+static inline double bench_median(double *v, size_t n)
+{
+    if (n == 0)
+        return 0.0;
+    qsort(v, n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* xorshift64*: fast, seedable, never zero. */
+static inline uint64_t bench_rand(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* Fill p[0..bytes) with random bytes (so nothing timed moves zeros). */
+static inline void bench_fill_random(void *p, size_t bytes, uint64_t seed)
+{
+    uint64_t st = seed ? seed : 0x9E3779B97F4A7C15ULL;
+    unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t r = bench_rand(&st);
+        memcpy(b + i, &r, 8);
+    }
+    if (i < bytes) {
+        uint64_t r = bench_rand(&st);
+        memcpy(b + i, &r, bytes - i);
+    }
+}
+
+/* "1 KiB", "256 MiB", "1 GiB", "1000 B" */
+static inline const char *bench_size_name(uint64_t bytes, char *buf, size_t size)
+{
+    if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0)
+        snprintf(buf, size, "%" PRIu64 " GiB", bytes >> 30);
+    else if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0)
+        snprintf(buf, size, "%" PRIu64 " MiB", bytes >> 20);
+    else if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0)
+        snprintf(buf, size, "%" PRIu64 " KiB", bytes >> 10);
+    else
+        snprintf(buf, size, "%" PRIu64 " B", bytes);
+    return buf;
+}
+
+/* ---- peers: Python scripts in bench/peers that measure the same thing with PyTorch -----
+ *
+ * A peer prints lines "peer <kind> <bytes> <value>" (the value's unit is the benchmark's:
+ * GB/s or ns/op), "# ..." lines of information, and anything else (warnings, the reason it
+ * failed). It runs before the C measurements, alone on the GPU. */
+
+#define BENCH_PEER_MAX_ROWS 256
+
+typedef struct bench_peer_row {
+    char kind[40];
+    uint64_t bytes;
+    double value;
+} bench_peer_row;
+
+typedef struct bench_peer {
+    bool ok;            /* at least one row came back */
+    char info[256];     /* the first "# ..." line (versions, device) */
+    char reason[256];   /* why it is unavailable or incomplete (last other line, exit code) */
+    size_t n;
+    bench_peer_row rows[BENCH_PEER_MAX_ROWS];
+} bench_peer;
+
+/* Append s to buf as one single-quoted shell word. */
+static inline void bench_shell_quote(char *buf, size_t size, const char *s)
+{
+    size_t n = strlen(buf);
+    if (n + 1 < size)
+        buf[n++] = '\'';
+    for (; *s && n + 5 < size; s++) {
+        if (*s == '\'') {
+            memcpy(buf + n, "'\\''", 4);
+            n += 4;
+        } else {
+            buf[n++] = *s;
+        }
+    }
+    if (n + 1 < size)
+        buf[n++] = '\'';
+    buf[n] = '\0';
+}
+
+static inline void bench_chomp(char *s)
+{
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' '))
+        s[--n] = '\0';
+}
+
+/* Run bench/peers/<script> with the given (already shell-safe) arguments and collect its
+ * rows. Never fails the benchmark: p->ok says whether anything came back. The script is
+ * looked up in $SAFECUDA_BENCH_PEERS or SAFECUDA_SOURCE_DIR/bench/peers, run by
+ * $SAFECUDA_BENCH_PYTHON or python3 from PATH, under `timeout` when that exists. */
+static inline void bench_peer_run(const char *script, const char *args, int timeout_s,
+                                  bench_peer *p)
+{
+    memset(p, 0, sizeof *p);
+    const char *off = getenv("SAFECUDA_BENCH_NO_PEER");
+    if (off && *off && strcmp(off, "0") != 0) {
+        snprintf(p->reason, sizeof p->reason, "disabled by SAFECUDA_BENCH_NO_PEER");
+        return;
+    }
+    const char *dir = getenv("SAFECUDA_BENCH_PEERS");
+    char path[1024];
+    if (dir && *dir)
+        snprintf(path, sizeof path, "%s/%s", dir, script);
+    else
+        snprintf(path, sizeof path, "%s/bench/peers/%s", SAFECUDA_SOURCE_DIR, script);
+    if (access(path, R_OK) != 0) {
+        snprintf(p->reason, sizeof p->reason, "%.200s: %.40s", path, strerror(errno));
+        return;
+    }
+    const char *py = getenv("SAFECUDA_BENCH_PYTHON");
+    if (!py || !*py)
+        py = "python3";
+
+    char run[4096] = "";
+    bench_shell_quote(run, sizeof run, py);
+    size_t n = strlen(run);
+    snprintf(run + n, sizeof run - n, " ");
+    bench_shell_quote(run, sizeof run, path);
+    n = strlen(run);
+    snprintf(run + n, sizeof run - n, " %s", args ? args : "");
+
+    char cmd[2 * 4096 + 256];
+    snprintf(cmd, sizeof cmd,
+             "if command -v timeout >/dev/null 2>&1; then timeout %d %s; else %s; fi 2>&1",
+             timeout_s, run, run);
+    fflush(stdout);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(p->reason, sizeof p->reason, "popen failed: %.200s", strerror(errno));
+        return;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        bench_chomp(line);
+        bench_peer_row r;
+        char kind[40];
+        if (sscanf(line, "peer %39s %" SCNu64 " %lf", kind, &r.bytes, &r.value) == 3) {
+            if (p->n < BENCH_PEER_MAX_ROWS) {
+                snprintf(r.kind, sizeof r.kind, "%s", kind);
+                p->rows[p->n++] = r;
+            }
+        } else if (line[0] == '#') {
+            if (!p->info[0])
+                snprintf(p->info, sizeof p->info, "%.250s", line + (line[1] == ' ' ? 2 : 1));
+        } else if (line[0]) {
+            snprintf(p->reason, sizeof p->reason, "%.250s", line);
+        }
+    }
+    int st = pclose(f);
+    p->ok = p->n > 0;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char last[256];
+        snprintf(last, sizeof last, "%s", p->reason);
+        int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+        snprintf(p->reason, sizeof p->reason, "exit %d%s%.200s", code, last[0] ? ": " : "",
+                 last);
+    }
+}
+
+/* The peer's value for (kind, bytes); false when it has none. */
+static inline bool bench_peer_find(const bench_peer *p, const char *kind, uint64_t bytes,
+                                   double *value)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (p->rows[i].bytes == bytes && strcmp(p->rows[i].kind, kind) == 0) {
+            *value = p->rows[i].value;
+            return true;
+        }
+    return false;
+}
+
+/* One line on the peer's state: "peer: torch 2.11 ..." or "peer: unavailable (...)". */
+static inline void bench_peer_print(const bench_peer *p, const char *what)
+{
+    if (p->ok)
+        printf("peer: %s: %s (%zu results)%s%s\n", what, p->info[0] ? p->info : "ok", p->n,
+               p->reason[0] ? "; note: " : "", p->reason);
+    else
+        printf("peer: unavailable (%s)\n", p->reason[0] ? p->reason : "no output");
+}
+
+#endif
