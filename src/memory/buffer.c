@@ -53,7 +53,7 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
                         label, (unsigned long long)desc->count, sc_dtype_name(desc->dtype));
 
     sci_context *c = NULL;
-    sc_status s = sci_context_acquire(ctx, fn, &c);
+    sc_status s = sci_context_acquire(ctx, fn, &c); /* checks health, makes it current */
     if (s != SC_OK)
         return s;
     sci_stream *st = NULL;
@@ -94,11 +94,11 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
         free(b);
         goto out;
     }
-    /* The allocation (and the zeroing) is the buffer's first write, on st. */
+    /* The allocation (and the zeroing) is the buffer's first write, on st. Nothing else
+     * can reach the tracker yet: no lock needed. */
     sci_tracker_init(&b->tracker, b->obj.id);
-    sci_access acc = {&b->tracker, SCI_WRITE};
-    sci_access_begin(&acc, 1, st, false, fn);
-    sci_access_end(&acc, 1, st, true);
+    b->tracker.write.stream_id = st->obj.id;
+    b->tracker.write.cu = st->cu;
     buffer->id = b->obj.id;
 out:
     sci_stream_release(st);

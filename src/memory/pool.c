@@ -63,6 +63,10 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
                                                                      : 0));
     }
     c->bytes_in_use = after;
+    c->live_buffers++;
+    const uint64_t prior_peak = c->peak_bytes;
+    if (after > c->peak_bytes)
+        c->peak_bytes = after; /* counted optimistically; undone if the allocation fails */
     pthread_mutex_unlock(&c->lock);
 
     CUresult r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
@@ -75,6 +79,9 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
     if (r != CUDA_SUCCESS) {
         pthread_mutex_lock(&c->lock);
         c->bytes_in_use -= bytes;
+        c->live_buffers--;
+        if (c->peak_bytes == after) /* the peak was this request's: take it back */
+            c->peak_bytes = prior_peak > c->bytes_in_use ? prior_peak : c->bytes_in_use;
         uint64_t used = c->bytes_in_use;
         pthread_mutex_unlock(&c->lock);
         if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -89,11 +96,6 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
         return sci_context_fail_cu(c, r, fn, "cuMemAllocFromPoolAsync(%llu bytes) for %s",
                                    (unsigned long long)bytes, what);
     }
-    pthread_mutex_lock(&c->lock);
-    if (c->bytes_in_use > c->peak_bytes)
-        c->peak_bytes = c->bytes_in_use;
-    c->live_buffers++;
-    pthread_mutex_unlock(&c->lock);
     return SC_OK;
 }
 
