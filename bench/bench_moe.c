@@ -1,0 +1,894 @@
+/* bench_moe: the Mixture-of-Experts layer (sc_moe_forward) against its floor and PyTorch.
+ *
+ *   bench_moe [--out DIR] [--quick] [--configs mixtral,qwen3moe,olmoe,dsv3]
+ *             [--tokens 1,16,64,...]
+ *
+ * Layers (bf16 weights and activations):
+ *   mixtral   E=8   k=2 H=4096 I=14336  softmax, renormalized
+ *   qwen3moe  E=128 k=8 H=2048 I=768    softmax, renormalized
+ *   olmoe     E=64  k=8 H=2048 I=1024   softmax, not renormalized
+ *   dsv3      E=256 k=8 H=7168 I=2048   sigmoid + a random selection bias, renormalized
+ * at T = 1, 16, 64, 256, 1024, 4096, 16384 tokens (--quick: 1, 64, 4096).
+ *
+ * Method.
+ * - Data: random bf16, roughly N(0, 1/sqrt(fan_in)) for the weights (Irwin-Hall sums of 4
+ *   random bytes) and N(0, 1) for the inputs, so activations stay O(1) and the routing is
+ *   close to uniform. A 64 MiB random block per scale is made on the host, uploaded through
+ *   a pinned sc_host_buffer, and the weights are filled from it on the device with sc_copy
+ *   at a random offset per piece (each expert gets different numbers) -- 22 GB of dsv3
+ *   weights take milliseconds instead of minutes of host random numbers. Each layer's
+ *   weights are freed before the next layer's are made.
+ * - Timing: timing sc_events around each sc_moe_forward, synchronized after each; warm-up
+ *   forwards (at least 3 and at least 0.1 s of them, the peer's rule too), then the median
+ *   of 20 forwards for T <= 1024 and of 10 above (--quick halves them). Up to 1024 tokens four different inputs are used in turn, so the routing (and
+ *   the experts read) changes from one forward to the next and L2 can't hold the answer.
+ * - Check: after the timed runs, out is filled with NaN, one more forward runs, and out is
+ *   copied back and scanned: any NaN or Inf (a row never written, or an overflow) fails
+ *   the benchmark. Correctness against a reference is the test suite's job.
+ * - Floor: max(bytes / copy rate, FLOPs / matmul rate), where bytes = the expected number
+ *   of distinct experts a random routing touches, E (1 - (1 - k/E)^T), times one expert's
+ *   W13 + W2 (3 H I bf16), plus the router (E H bf16) and x and out (2 T H bf16); FLOPs =
+ *   2 T E H (router) + 2 T k 3 H I (experts). The copy rate is a 1 GiB sc_copy D2D (read +
+ *   write bytes, median of 10) measured in this run; the matmul rate is the torch peer's
+ *   bf16 8192^3 matmul in this run (a nominal figure from the device properties when the
+ *   peer is unavailable). "% of floor" = floor / time.
+ * - Peer: bench/peers/torch_moe.py runs first, alone on the GPU (its dsv3 weights and ours
+ *   would not fit together), for every point: a Hugging Face style expert loop and a
+ *   torch._grouped_mm layer, timed the same way (see the script).
+ *
+ * Output: a table per layer, DIR/bench_moe.csv (config,T,ours_ms,floor_ms,pct_floor,
+ * loop_ms,grouped_ms) and DIR/bench_moe.png (bench/plot_moe.py) with --out DIR, and a
+ * summary of every point as the last lines. Exit 0 with "skipped" without a GPU; any
+ * safecuda failure prints sc_last_error() and exits 1. */
+#include <math.h> /* NAN, isnan, isfinite: macros only, no libm needed */
+
+#include "bench_common.h"
+#include "safecuda/moe.h"
+
+#define GIB (1ull << 30)
+#define BLOCK_ELEMS (1ull << 25) /* 64 MiB of bf16: the random block weights are cut from */
+#define ALIGN_ELEMS 128ull       /* offsets into the block: 256-byte aligned */
+#define MAX_TOKEN_COUNTS 16
+#define WARMUP 3               /* warm-up: at least this many forwards ... */
+#define WARMUP_NS 100000000ull /* ... and at least 0.1 s of them */
+#define ROTATE_MAX_T 1024 /* up to this many tokens, NX inputs are used in turn */
+#define NX 4
+#define PEER_SCRIPT "torch_moe.py"
+
+typedef struct moe_config {
+    const char *name;
+    int E, k, H, I;
+    sc_moe_scoring scoring;
+    bool renormalize;
+    bool bias;
+} moe_config;
+
+static const moe_config all_configs[] = {
+    {"mixtral", 8, 2, 4096, 14336, SC_MOE_SOFTMAX, true, false},
+    {"qwen3moe", 128, 8, 2048, 768, SC_MOE_SOFTMAX, true, false},
+    {"olmoe", 64, 8, 2048, 1024, SC_MOE_SOFTMAX, false, false},
+    {"dsv3", 256, 8, 7168, 2048, SC_MOE_SIGMOID, true, true},
+};
+#define N_CONFIGS (sizeof all_configs / sizeof all_configs[0])
+
+static const uint64_t default_tokens[] = {1, 16, 64, 256, 1024, 4096, 16384};
+static const uint64_t quick_tokens[] = {1, 64, 4096};
+
+typedef struct point {
+    bool measured;
+    double ours_ms;
+    double floor_ms, bw_ms, flop_ms;
+    double loop_ms, grouped_ms; /* the peer's, NAN when it has none */
+} point;
+
+typedef struct args {
+    bench_opts o;
+    bool on[N_CONFIGS];
+    uint64_t tokens[MAX_TOKEN_COUNTS];
+    size_t n_tokens;
+} args;
+
+typedef struct peer_result {
+    bool ok;               /* at least one row came back */
+    double matmul_tflops;  /* NAN when missing */
+    double copy_tbs;
+    char info[256];        /* the first "# ..." line */
+    char reason[256];      /* why it is unavailable or incomplete */
+    size_t rows;
+} peer_result;
+
+typedef struct env {
+    sc_context ctx;
+    sc_stream st;
+    sc_event ev0, ev1;
+    sc_host_buffer staging; /* BLOCK_ELEMS bf16, pinned */
+    sc_buffer xblk;         /* random block for inputs, N(0, 1) */
+    uint64_t rng;
+    uint16_t *host;         /* copy-back of out for the check */
+    size_t host_elems;
+} env;
+
+static point results[N_CONFIGS][MAX_TOKEN_COUNTS];
+
+/* ---- small numerics without libm ---------------------------------------------------------- */
+
+static double nolibm_sqrt(double v)
+{
+    if (v <= 0.0)
+        return 0.0;
+    double y = v > 1.0 ? v : 1.0;
+    for (int i = 0; i < 200; i++) {
+        double next = 0.5 * (y + v / y);
+        if (next == y)
+            break;
+        y = next;
+    }
+    return y;
+}
+
+static double pow_u64(double base, uint64_t e)
+{
+    double r = 1.0;
+    while (e) {
+        if (e & 1)
+            r *= base;
+        base *= base;
+        e >>= 1;
+    }
+    return r;
+}
+
+static uint16_t f32_to_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even (no NaN/Inf arrive here) */
+    return (uint16_t)(u >> 16);
+}
+
+static double dmax(double a, double b) { return a > b ? a : b; }
+
+/* ---- command line ---------------------------------------------------------------------- */
+
+static void usage(const char *prog)
+{
+    printf("usage: %s [--out DIR] [--quick] [--configs mixtral,qwen3moe,olmoe,dsv3] "
+           "[--tokens 1,16,64,...]\n"
+           "  the fused MoE layer (sc_moe_forward) against its floor, a PyTorch expert loop "
+           "and torch._grouped_mm\n"
+           "  --out DIR   also write bench_moe.csv and bench_moe.png into DIR\n"
+           "  --quick     T = 1, 64, 4096 and half the repetitions (a smoke test)\n"
+           "  --configs   the layers to run (default: all)\n"
+           "  --tokens    the token counts (default 1,16,64,256,1024,4096,16384)\n"
+           "environment: SAFECUDA_BENCH_PYTHON (default python3), SAFECUDA_BENCH_NO_PEER=1 "
+           "(skip the torch peer), SAFECUDA_BENCH_PEERS (the peers' folder)\n",
+           prog);
+}
+
+static void parse_configs(const char *prog, const char *list, args *a)
+{
+    memset(a->on, 0, sizeof a->on);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < N_CONFIGS && strcmp(all_configs[i].name, tok) != 0)
+            i++;
+        if (i == N_CONFIGS) {
+            fprintf(stderr, "%s: unknown config '%s' (mixtral, qwen3moe, olmoe, dsv3)\n", prog,
+                    tok);
+            exit(2);
+        }
+        a->on[i] = true;
+    }
+}
+
+static void parse_tokens(const char *prog, const char *list, args *a)
+{
+    a->n_tokens = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = strtoull(tok, &end, 10);
+        if (errno || !end || *end || v == 0 || v > (1ull << 20) || tok[0] == '-') {
+            fprintf(stderr, "%s: bad token count '%s' (1 .. 1048576)\n", prog, tok);
+            exit(2);
+        }
+        if (a->n_tokens == MAX_TOKEN_COUNTS) {
+            fprintf(stderr, "%s: at most %d token counts\n", prog, MAX_TOKEN_COUNTS);
+            exit(2);
+        }
+        a->tokens[a->n_tokens++] = v;
+    }
+    if (a->n_tokens == 0) {
+        fprintf(stderr, "%s: --tokens needs at least one count\n", prog);
+        exit(2);
+    }
+}
+
+static args parse_args(int argc, char **argv)
+{
+    args a;
+    memset(&a, 0, sizeof a);
+    for (size_t i = 0; i < N_CONFIGS; i++)
+        a.on[i] = true;
+    const char *configs = NULL, *tokens = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (strcmp(s, "--quick") == 0) {
+            a.o.quick = true;
+        } else if (strcmp(s, "--out") == 0 && i + 1 < argc) {
+            a.o.out_dir = argv[++i];
+        } else if (strncmp(s, "--out=", 6) == 0) {
+            a.o.out_dir = s + 6;
+        } else if (strcmp(s, "--configs") == 0 && i + 1 < argc) {
+            configs = argv[++i];
+        } else if (strncmp(s, "--configs=", 10) == 0) {
+            configs = s + 10;
+        } else if (strcmp(s, "--tokens") == 0 && i + 1 < argc) {
+            tokens = argv[++i];
+        } else if (strncmp(s, "--tokens=", 9) == 0) {
+            tokens = s + 9;
+        } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            usage(argv[0]);
+            exit(0);
+        } else {
+            fprintf(stderr, "%s: unknown argument '%s' (try --help)\n", argv[0], s);
+            exit(2);
+        }
+    }
+    if (a.o.out_dir && !*a.o.out_dir)
+        a.o.out_dir = NULL;
+    if (configs)
+        parse_configs(argv[0], configs, &a);
+    if (tokens) {
+        parse_tokens(argv[0], tokens, &a);
+    } else {
+        const uint64_t *t = a.o.quick ? quick_tokens : default_tokens;
+        size_t n = a.o.quick ? sizeof quick_tokens / sizeof *quick_tokens
+                             : sizeof default_tokens / sizeof *default_tokens;
+        memcpy(a.tokens, t, n * sizeof *t);
+        a.n_tokens = n;
+    }
+    return a;
+}
+
+static int reps_for(const args *a, uint64_t T)
+{
+    int r = T <= 1024 ? 20 : 10;
+    return a->o.quick ? r / 2 : r;
+}
+
+static uint64_t max_tokens(const args *a)
+{
+    uint64_t m = 1;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (a->tokens[i] > m)
+            m = a->tokens[i];
+    return m;
+}
+
+/* ---- the peer ---------------------------------------------------------------------------- */
+
+static size_t token_index(const args *a, uint64_t T)
+{
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (a->tokens[i] == T)
+            return i;
+    return SIZE_MAX;
+}
+
+static void run_peer(const args *a, peer_result *p)
+{
+    memset(p, 0, sizeof *p);
+    p->matmul_tflops = NAN;
+    p->copy_tbs = NAN;
+    const char *off = getenv("SAFECUDA_BENCH_NO_PEER");
+    if (off && *off && strcmp(off, "0") != 0) {
+        snprintf(p->reason, sizeof p->reason, "disabled by SAFECUDA_BENCH_NO_PEER");
+        return;
+    }
+    const char *dir = getenv("SAFECUDA_BENCH_PEERS");
+    char path[1024];
+    if (dir && *dir)
+        snprintf(path, sizeof path, "%s/%s", dir, PEER_SCRIPT);
+    else
+        snprintf(path, sizeof path, "%s/bench/peers/%s", SAFECUDA_SOURCE_DIR, PEER_SCRIPT);
+    if (access(path, R_OK) != 0) {
+        snprintf(p->reason, sizeof p->reason, "%.200s: %.40s", path, strerror(errno));
+        return;
+    }
+    const char *py = getenv("SAFECUDA_BENCH_PYTHON");
+    if (!py || !*py)
+        py = "python3";
+
+    char specs[512] = "", tokens[256] = "";
+    for (size_t i = 0; i < N_CONFIGS; i++) {
+        if (!a->on[i])
+            continue;
+        const moe_config *c = &all_configs[i];
+        size_t n = strlen(specs);
+        snprintf(specs + n, sizeof specs - n, "%s%s:%d:%d:%d:%d:%s:%d:%d", n ? "," : "",
+                 c->name, c->E, c->k, c->H, c->I,
+                 c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax", c->renormalize ? 1 : 0,
+                 c->bias ? 1 : 0);
+    }
+    for (size_t i = 0; i < a->n_tokens; i++) {
+        size_t n = strlen(tokens);
+        snprintf(tokens + n, sizeof tokens - n, "%s%" PRIu64, i ? "," : "", a->tokens[i]);
+    }
+    int budget = a->o.quick ? 120 : 210; /* seconds of measuring; then nan for the rest */
+
+    char run[4096] = "";
+    bench_shell_quote(run, sizeof run, py);
+    strncat(run, " ", sizeof run - strlen(run) - 1);
+    bench_shell_quote(run, sizeof run, path);
+    strncat(run, " --specs ", sizeof run - strlen(run) - 1);
+    bench_shell_quote(run, sizeof run, specs);
+    strncat(run, " --tokens ", sizeof run - strlen(run) - 1);
+    bench_shell_quote(run, sizeof run, tokens);
+    size_t n = strlen(run);
+    snprintf(run + n, sizeof run - n, " --budget %d%s", budget, a->o.quick ? " --quick" : "");
+
+    char cmd[2 * 4096 + 256];
+    int limit = budget + 90; /* torch's start, the weights, the last point */
+    snprintf(cmd, sizeof cmd,
+             "if command -v timeout >/dev/null 2>&1; then timeout %d %s; else %s; fi 2>&1",
+             limit, run, run);
+    printf("peer: running %s (up to %d s)\n", PEER_SCRIPT, limit);
+    fflush(stdout);
+    uint64_t t0 = bench_now_ns();
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(p->reason, sizeof p->reason, "popen failed: %.200s", strerror(errno));
+        return;
+    }
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        bench_chomp(line);
+        char w1[64], w2[64], w3[64], w4[64];
+        int got = sscanf(line, "peer %63s %63s %63s %63s", w1, w2, w3, w4);
+        if (got == 2 && strcmp(w1, "matmul_tflops") == 0) {
+            p->matmul_tflops = strtod(w2, NULL);
+            p->rows++;
+        } else if (got == 2 && strcmp(w1, "copy_tbs") == 0) {
+            p->copy_tbs = strtod(w2, NULL);
+            p->rows++;
+        } else if (got == 4) {
+            size_t ci = 0;
+            while (ci < N_CONFIGS && strcmp(all_configs[ci].name, w1) != 0)
+                ci++;
+            size_t ti = token_index(a, strtoull(w2, NULL, 10));
+            if (ci < N_CONFIGS && ti != SIZE_MAX) {
+                results[ci][ti].loop_ms = strtod(w3, NULL);
+                results[ci][ti].grouped_ms = strtod(w4, NULL);
+                p->rows++;
+            }
+        } else if (line[0] == '#') {
+            if (!p->info[0])
+                snprintf(p->info, sizeof p->info, "%.250s", line + (line[1] == ' ' ? 2 : 1));
+            printf("  peer %s\n", line);
+        } else if (line[0]) {
+            snprintf(p->reason, sizeof p->reason, "%.250s", line);
+            printf("  peer: %.300s\n", line);
+        }
+        fflush(stdout);
+    }
+    int st = pclose(f);
+    p->ok = p->rows > 0;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char last[256];
+        snprintf(last, sizeof last, "%s", p->reason);
+        int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+        snprintf(p->reason, sizeof p->reason, "exit %d%s%.200s", code,
+                 code == 124 ? " (timed out)" : "", last[0] ? ": " : "");
+        n = strlen(p->reason);
+        snprintf(p->reason + n, sizeof p->reason - n, "%.200s", last);
+    }
+    printf("peer: %s in %.1f s: %zu results%s%s\n", p->ok ? "done" : "unavailable",
+           (double)(bench_now_ns() - t0) * 1e-9, p->rows, p->reason[0] ? "; " : "",
+           p->reason);
+}
+
+/* ---- random data ------------------------------------------------------------------------- */
+
+/* A device block of BLOCK_ELEMS bf16 values ~ N(0, stddev), made on the host in the pinned
+ * staging buffer (Irwin-Hall: the sum of 4 random bytes, standardized) and uploaded. */
+static sc_buffer make_block(env *e, double stddev, const char *label)
+{
+    uint16_t table[4 * 255 + 1];
+    const double sd = nolibm_sqrt(4.0 * (256.0 * 256.0 - 1.0) / 12.0);
+    for (int s = 0; s <= 4 * 255; s++)
+        table[s] = f32_to_bf16((float)((s - 510) / sd * stddev));
+    void *ptr = NULL;
+    uint64_t bytes = 0;
+    SC_TRY(sc_host_buffer_ptr(e->staging, &ptr, &bytes)); /* waits for its last upload */
+    uint16_t *v = ptr;
+    uint64_t st = e->rng;
+    for (uint64_t i = 0; i < BLOCK_ELEMS; i += 2) {
+        uint64_t r = bench_rand(&st);
+        v[i] = table[(r & 0xff) + ((r >> 8) & 0xff) + ((r >> 16) & 0xff) + ((r >> 24) & 0xff)];
+        v[i + 1] = table[((r >> 32) & 0xff) + ((r >> 40) & 0xff) + ((r >> 48) & 0xff) +
+                         (r >> 56)];
+    }
+    e->rng = st;
+    sc_buffer b;
+    SC_TRY(sc_buffer_create(e->ctx,
+                            &(sc_buffer_desc){.dtype = SC_BF16, .count = BLOCK_ELEMS,
+                                              .label = label, .stream = e->st},
+                            &b));
+    SC_TRY(sc_copy_from_host_buffer(e->st, sc_view_of(b), e->staging, 0));
+    return b;
+}
+
+/* Elements [off, off + n) of dst from the block, in pieces of at most half the block, each
+ * from a random (aligned) offset of it. */
+static void fill_random(env *e, sc_buffer dst, uint64_t off, uint64_t n, sc_buffer blk)
+{
+    while (n) {
+        uint64_t len = n < BLOCK_ELEMS / 2 ? n : BLOCK_ELEMS / 2;
+        uint64_t slots = (BLOCK_ELEMS - len) / ALIGN_ELEMS + 1;
+        uint64_t src = (bench_rand(&e->rng) % slots) * ALIGN_ELEMS;
+        sc_view d, s;
+        SC_TRY(sc_buffer_view(dst, off, len, &d));
+        SC_TRY(sc_buffer_view(blk, src, len, &s));
+        SC_TRY(sc_copy(e->st, d, s));
+        off += len;
+        n -= len;
+    }
+}
+
+static sc_buffer new_bf16(env *e, uint64_t count, const char *label)
+{
+    sc_buffer b;
+    SC_TRY(sc_buffer_create(e->ctx,
+                            &(sc_buffer_desc){.dtype = SC_BF16, .count = count, .label = label,
+                                              .stream = e->st},
+                            &b));
+    return b;
+}
+
+static float time_one(env *e, sc_moe layer, sc_view x, sc_view out)
+{
+    SC_TRY(sc_event_record(e->ev0, e->st));
+    SC_TRY(sc_moe_forward(e->st, layer, x, out, NULL));
+    SC_TRY(sc_event_record(e->ev1, e->st));
+    SC_TRY(sc_event_synchronize(e->ev1));
+    float ms = 0.f;
+    SC_TRY(sc_event_elapsed(e->ev0, e->ev1, &ms));
+    return ms;
+}
+
+/* ---- the copy rate: 1 GiB sc_copy D2D, (read + write bytes) / time, median of 10 ---------- */
+
+static double measure_copy_tbs(env *e)
+{
+    const uint64_t n = GIB / 2; /* bf16 elements */
+    sc_buffer src = new_bf16(e, n, "copy src"), dst = new_bf16(e, n, "copy dst");
+    fill_random(e, src, 0, n, e->xblk);
+    for (int i = 0; i < 2; i++)
+        SC_TRY(sc_copy(e->st, sc_view_of(dst), sc_view_of(src)));
+    double ms[10];
+    for (int i = 0; i < 10; i++) {
+        SC_TRY(sc_event_record(e->ev0, e->st));
+        SC_TRY(sc_copy(e->st, sc_view_of(dst), sc_view_of(src)));
+        SC_TRY(sc_event_record(e->ev1, e->st));
+        SC_TRY(sc_event_synchronize(e->ev1));
+        float f = 0.f;
+        SC_TRY(sc_event_elapsed(e->ev0, e->ev1, &f));
+        ms[i] = f;
+    }
+    SC_TRY(sc_buffer_destroy(src));
+    SC_TRY(sc_buffer_destroy(dst));
+    SC_TRY(sc_context_trim(e->ctx));
+    return 2.0 * (double)GIB / (bench_median(ms, 10) * 1e-3) * 1e-12;
+}
+
+/* ---- one layer ---------------------------------------------------------------------------- */
+
+static void floor_for(const moe_config *c, uint64_t T, double copy_tbs, double tflops,
+                      point *pt)
+{
+    const double E = c->E, k = c->k, H = c->H, I = c->I, t = (double)T;
+    double distinct = E * (1.0 - pow_u64(1.0 - k / E, T));
+    double bytes = distinct * 3.0 * H * I * 2.0 + E * H * 2.0 + 2.0 * t * H * 2.0;
+    double flops = 2.0 * t * E * H + 2.0 * t * k * 3.0 * H * I;
+    pt->bw_ms = bytes / (copy_tbs * 1e12) * 1e3;
+    pt->flop_ms = flops / (tflops * 1e12) * 1e3;
+    pt->floor_ms = dmax(pt->bw_ms, pt->flop_ms);
+}
+
+/* Device bytes the layer needs at T tokens: weights, workspace, inputs and output. */
+static uint64_t bytes_needed(const moe_config *c, uint64_t T)
+{
+    const uint64_t E = (uint64_t)c->E, k = (uint64_t)c->k, H = (uint64_t)c->H,
+                   I = (uint64_t)c->I, rows = T * k;
+    uint64_t weights = (E * H + 3 * E * H * I) * 2 + E * 4;
+    uint64_t ws = T * E * 4 + rows * 4 * 5 + (rows * I + rows * H) * 2 + (3 * E + 2) * 4;
+    uint64_t io = ((T <= ROTATE_MAX_T ? NX : 1) + 1) * T * H * 2;
+    return weights + ws + io + 2 * BLOCK_ELEMS * 2;
+}
+
+static void fmt_ms(char *buf, size_t size, double v)
+{
+    if (isnan(v))
+        snprintf(buf, size, "-");
+    else if (v < 0.1)
+        snprintf(buf, size, "%.4f", v);
+    else if (v < 1)
+        snprintf(buf, size, "%.3f", v);
+    else if (v < 10)
+        snprintf(buf, size, "%.2f", v);
+    else if (v < 100)
+        snprintf(buf, size, "%.1f", v);
+    else
+        snprintf(buf, size, "%.0f", v);
+}
+
+static void fmt_ratio(char *buf, size_t size, double num, double den)
+{
+    if (isnan(num) || isnan(den) || den <= 0)
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.2fx", num / den);
+}
+
+static void print_row(const args *a, size_t ci, size_t ti)
+{
+    const point *p = &results[ci][ti];
+    char ours[32], fl[32], lp[32], gm[32], vl[32], vg[32], pct[32];
+    fmt_ms(ours, sizeof ours, p->measured ? p->ours_ms : NAN);
+    fmt_ms(fl, sizeof fl, p->floor_ms);
+    fmt_ms(lp, sizeof lp, p->loop_ms);
+    fmt_ms(gm, sizeof gm, p->grouped_ms);
+    fmt_ratio(vl, sizeof vl, p->loop_ms, p->measured ? p->ours_ms : NAN);
+    fmt_ratio(vg, sizeof vg, p->grouped_ms, p->measured ? p->ours_ms : NAN);
+    if (p->measured)
+        snprintf(pct, sizeof pct, "%.1f%%", 100.0 * p->floor_ms / p->ours_ms);
+    else
+        snprintf(pct, sizeof pct, "-");
+    printf("  %6" PRIu64 " %10s %10s %8s %6s %10s %11s %8s %10s\n", a->tokens[ti], ours, fl,
+           pct, p->bw_ms >= p->flop_ms ? "mem" : "flops", lp, gm, vl, vg);
+}
+
+static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double tflops)
+{
+    const moe_config *c = &all_configs[ci];
+    const uint64_t E = (uint64_t)c->E, H = (uint64_t)c->H, I = (uint64_t)c->I;
+    const uint64_t maxT = max_tokens(a);
+    for (size_t ti = 0; ti < a->n_tokens; ti++)
+        floor_for(c, a->tokens[ti], copy_tbs, tflops, &results[ci][ti]);
+    const double weight_gb = (double)((E * H + 3 * E * H * I) * 2) * 1e-9;
+
+    printf("\n== %s: E=%d k=%d H=%d I=%d, %s%s%s; weights %.2f GB bf16\n", c->name, c->E, c->k,
+           c->H, c->I, c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax",
+           c->bias ? " + selection bias" : "",
+           c->renormalize ? ", renormalized" : ", not renormalized", weight_gb);
+
+    uint64_t free_b = 0, total_b = 0;
+    SC_TRY(sc_context_trim(e->ctx));
+    SC_TRY(sc_device_memory(0, &free_b, &total_b));
+    uint64_t need = bytes_needed(c, maxT) + GIB / 2;
+    if (need > free_b) {
+        printf("  skipped: needs %.1f GB of device memory at T=%" PRIu64 ", %.1f GB free\n",
+               (double)need * 1e-9, maxT, (double)free_b * 1e-9);
+        for (size_t ti = 0; ti < a->n_tokens; ti++)
+            print_row(a, ci, ti);
+        return;
+    }
+
+    /* The weights, from two random blocks (fan-in H and fan-in I). */
+    uint64_t t0 = bench_now_ns();
+    sc_buffer blk_h = make_block(e, 1.0 / nolibm_sqrt((double)H), "random block 1/sqrt(H)");
+    sc_buffer blk_i = make_block(e, 1.0 / nolibm_sqrt((double)I), "random block 1/sqrt(I)");
+    sc_buffer router = new_bf16(e, E * H, "router");
+    sc_buffer w13 = new_bf16(e, E * 2 * I * H, "w13");
+    sc_buffer w2 = new_bf16(e, E * H * I, "w2");
+    fill_random(e, router, 0, E * H, blk_h);
+    for (uint64_t x = 0; x < E; x++) {
+        fill_random(e, w13, x * 2 * I * H, 2 * I * H, blk_h);
+        fill_random(e, w2, x * H * I, H * I, blk_i);
+    }
+    sc_buffer bias = {0};
+    if (c->bias) {
+        float b[256]; /* E <= 256 (the layer's limit) */
+        for (uint64_t x = 0; x < E; x++) /* uniform in [-0.05, 0.05) */
+            b[x] = (float)((double)(bench_rand(&e->rng) >> 11) / 9007199254740992.0 - 0.5) *
+                   0.1f;
+        SC_TRY(sc_buffer_create(e->ctx,
+                                &(sc_buffer_desc){.dtype = SC_F32, .count = E,
+                                                  .label = "selection bias", .stream = e->st},
+                                &bias));
+        SC_TRY(sc_copy_from_host(e->st, sc_view_of(bias), b, E * sizeof(float)));
+    }
+    SC_TRY(sc_buffer_destroy(blk_h)); /* after the copies from them (stream-ordered) */
+    SC_TRY(sc_buffer_destroy(blk_i));
+    SC_TRY(sc_stream_synchronize(e->st));
+    double made_s = (double)(bench_now_ns() - t0) * 1e-9;
+
+    t0 = bench_now_ns();
+    sc_moe layer;
+    SC_TRY(sc_moe_create(e->ctx,
+                         &(sc_moe_desc){.experts = c->E, .top_k = c->k, .hidden = c->H,
+                                        .intermediate = c->I, .dtype = SC_BF16,
+                                        .scoring = c->scoring, .renormalize = c->renormalize,
+                                        .router = router, .w13 = w13, .w2 = w2,
+                                        .selection_bias = bias, .max_tokens = maxT,
+                                        .label = c->name},
+                         &layer));
+    SC_TRY(sc_stream_synchronize(e->st));
+    double create_s = (double)(bench_now_ns() - t0) * 1e-9;
+    uint64_t ws = 0;
+    SC_TRY(sc_moe_workspace_bytes(layer, &ws));
+    printf("  weights made in %.2f s; sc_moe_create %.2f s (kernels compiled or loaded from the "
+           "cache); workspace %.2f GB for %" PRIu64 " tokens\n",
+           made_s, create_s, (double)ws * 1e-9, maxT);
+    printf("  %6s %10s %10s %8s %6s %10s %11s %8s %10s\n", "T", "ours ms", "floor ms",
+           "% floor", "bound", "loop ms", "grouped ms", "vs loop", "vs grouped");
+
+    for (size_t ti = 0; ti < a->n_tokens; ti++) {
+        const uint64_t T = a->tokens[ti], TH = T * H;
+        const uint64_t nx = T <= ROTATE_MAX_T ? NX : 1;
+        sc_buffer xb = new_bf16(e, nx * TH, "x"), ob = new_bf16(e, TH, "out");
+        fill_random(e, xb, 0, nx * TH, e->xblk);
+        sc_view xv[NX], ov = sc_view_of(ob);
+        for (uint64_t i = 0; i < nx; i++)
+            SC_TRY(sc_buffer_view(xb, i * TH, TH, &xv[i]));
+
+        const uint64_t w0 = bench_now_ns();
+        for (int i = 0; i < 1000 && (i < WARMUP || bench_now_ns() - w0 < WARMUP_NS); i++) {
+            SC_TRY(sc_moe_forward(e->st, layer, xv[(uint64_t)i % nx], ov, NULL));
+            SC_TRY(sc_stream_synchronize(e->st));
+        }
+        const int reps = reps_for(a, T);
+        double ms[20];
+        for (int r = 0; r < reps; r++)
+            ms[r] = time_one(e, layer, xv[(uint64_t)r % nx], ov);
+        point *p = &results[ci][ti];
+        p->ours_ms = bench_median(ms, (size_t)reps);
+        p->measured = true;
+
+        /* The check: out all NaN, one forward, no NaN or Inf may remain. */
+        const uint16_t nan_bits = 0x7fc0;
+        SC_TRY(sc_fill(e->st, ov, &nan_bits));
+        SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov, NULL));
+        if (e->host_elems < TH) {
+            free(e->host);
+            e->host = bench_xmalloc(TH * sizeof(uint16_t));
+            e->host_elems = TH;
+        }
+        SC_TRY(sc_copy_to_host(e->st, e->host, TH * sizeof(uint16_t), ov));
+        uint64_t bad = 0, nonzero = 0, first_bad = 0;
+        for (uint64_t i = 0; i < TH; i++) {
+            uint16_t v = e->host[i];
+            if ((v & 0x7f80u) == 0x7f80u) {
+                if (!bad)
+                    first_bad = i;
+                bad++;
+            }
+            nonzero += (v & 0x7fffu) != 0;
+        }
+        if (bad) {
+            fflush(stdout);
+            printf("FAILED: %s T=%" PRIu64 ": out holds %" PRIu64 " NaN/Inf values of %" PRIu64
+                   " (first at token %" PRIu64 ", column %" PRIu64 ": 0x%04x)\n",
+                   c->name, T, bad, TH, first_bad / H, first_bad % H, e->host[first_bad]);
+            exit(1);
+        }
+        if (!nonzero)
+            printf("  warning: %s T=%" PRIu64 ": out is all zeros\n", c->name, T);
+        print_row(a, ci, ti);
+        fflush(stdout);
+        SC_TRY(sc_buffer_destroy(xb));
+        SC_TRY(sc_buffer_destroy(ob));
+    }
+
+    SC_TRY(sc_moe_destroy(layer));
+    SC_TRY(sc_buffer_destroy(router));
+    SC_TRY(sc_buffer_destroy(w13));
+    SC_TRY(sc_buffer_destroy(w2));
+    if (bias.id)
+        SC_TRY(sc_buffer_destroy(bias));
+    SC_TRY(sc_context_trim(e->ctx));
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+static void csv_num(FILE *f, double v, const char *sep)
+{
+    if (isnan(v) || !isfinite(v))
+        fprintf(f, "nan%s", sep);
+    else
+        fprintf(f, "%.6g%s", v, sep);
+}
+
+static bool write_csv(const args *a, char *path, size_t path_size)
+{
+    FILE *f = bench_open_out(&a->o, "bench_moe.csv", path, path_size);
+    if (!f)
+        return false;
+    fprintf(f, "config,T,ours_ms,floor_ms,pct_floor,loop_ms,grouped_ms\n");
+    for (size_t ci = 0; ci < N_CONFIGS; ci++) {
+        if (!a->on[ci])
+            continue;
+        for (size_t ti = 0; ti < a->n_tokens; ti++) {
+            const point *p = &results[ci][ti];
+            fprintf(f, "%s,%" PRIu64 ",", all_configs[ci].name, a->tokens[ti]);
+            csv_num(f, p->measured ? p->ours_ms : NAN, ",");
+            csv_num(f, p->floor_ms, ",");
+            csv_num(f, p->measured ? 100.0 * p->floor_ms / p->ours_ms : NAN, ",");
+            csv_num(f, p->loop_ms, ",");
+            csv_num(f, p->grouped_ms, "\n");
+        }
+    }
+    bool ok = fclose(f) == 0;
+    if (!ok)
+        printf("note: writing %s failed\n", path);
+    return ok;
+}
+
+/* python3 bench/plot_moe.py CSV PNG; a one-line result into msg. */
+static void plot(const args *a, const char *csv, char *msg, size_t size)
+{
+    char png[1024];
+    snprintf(png, sizeof png, "%s/bench_moe.png", a->o.out_dir);
+    const char *py = getenv("SAFECUDA_BENCH_PYTHON");
+    if (!py || !*py)
+        py = "python3";
+    char script[1024];
+    snprintf(script, sizeof script, "%s/bench/plot_moe.py", SAFECUDA_SOURCE_DIR);
+    char cmd[4096] = "";
+    bench_shell_quote(cmd, sizeof cmd, py);
+    strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+    bench_shell_quote(cmd, sizeof cmd, script);
+    strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+    bench_shell_quote(cmd, sizeof cmd, csv);
+    strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+    bench_shell_quote(cmd, sizeof cmd, png);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    fflush(stdout);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(msg, size, "not drawn (popen: %s)", strerror(errno));
+        return;
+    }
+    char line[1024], last[512] = "";
+    while (fgets(line, sizeof line, f)) {
+        bench_chomp(line);
+        if (line[0])
+            snprintf(last, sizeof last, "%.500s", line);
+    }
+    int st = pclose(f);
+    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        snprintf(msg, size, "%.1000s", png);
+    else
+        snprintf(msg, size, "not drawn (exit %d: %.400s)",
+                 st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1, last);
+}
+
+static void summary(const args *a, const sc_device_props *props, double copy_tbs,
+                    const peer_result *peer, double tflops, bool tflops_nominal,
+                    const char *csv, const char *png)
+{
+    printf("\n==== bench_moe summary: %s%s\n", props->name, a->o.quick ? " (--quick)" : "");
+    char torch_copy[64] = "";
+    if (!isnan(peer->copy_tbs))
+        snprintf(torch_copy, sizeof torch_copy, "; torch %.2f", peer->copy_tbs);
+    printf("floor rates: copy %.2f TB/s (r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s)\n",
+           copy_tbs, torch_copy, tflops,
+           tflops_nominal ? "nominal: no peer" : "torch bf16 8192^3");
+    printf("ms = median forward; %%fl = floor / ours; x loop, x grpd = torch time / ours\n");
+    printf("%-15s", "T");
+    for (size_t ti = 0; ti < a->n_tokens; ti++)
+        printf(" %7" PRIu64, a->tokens[ti]);
+    printf("\n");
+    for (size_t ci = 0; ci < N_CONFIGS; ci++) {
+        if (!a->on[ci])
+            continue;
+        static const char *const rows[] = {"ms", "%fl", "x loop", "x grpd"};
+        for (int r = 0; r < 4; r++) {
+            printf("%-8s %-6s", r == 0 ? all_configs[ci].name : "", rows[r]);
+            for (size_t ti = 0; ti < a->n_tokens; ti++) {
+                const point *p = &results[ci][ti];
+                double ours = p->measured ? p->ours_ms : NAN;
+                char cell[32];
+                if (r == 0)
+                    fmt_ms(cell, sizeof cell, ours);
+                else if (r == 1 && !isnan(ours))
+                    snprintf(cell, sizeof cell, "%.0f%%", 100.0 * p->floor_ms / ours);
+                else if (r == 1)
+                    snprintf(cell, sizeof cell, "-");
+                else
+                    fmt_ratio(cell, sizeof cell, r == 2 ? p->loop_ms : p->grouped_ms, ours);
+                printf(" %7s", cell);
+            }
+            printf("\n");
+        }
+    }
+    if (peer->ok)
+        printf("peer: %s\n", peer->info[0] ? peer->info : "ok");
+    else
+        printf("peer: unavailable (%s)\n", peer->reason[0] ? peer->reason : "no output");
+    if (csv[0])
+        printf("csv: %s; plot: %s\n", csv, png);
+    else
+        printf("no --out: no csv or plot written\n");
+}
+
+int main(int argc, char **argv)
+{
+    args a = parse_args(argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    bench_require_gpu("bench_moe");
+    sc_device_props props;
+    char desc[512];
+    bench_describe_device(0, &props, desc, sizeof desc);
+    printf("bench_moe: %s\n", desc);
+    printf("configs:");
+    for (size_t ci = 0; ci < N_CONFIGS; ci++)
+        if (a.on[ci])
+            printf(" %s", all_configs[ci].name);
+    printf("; T:");
+    for (size_t ti = 0; ti < a.n_tokens; ti++)
+        printf(" %" PRIu64, a.tokens[ti]);
+    printf("; median of %d (T <= 1024) / %d forwards after >= %d warm-up (>= %.1f s)%s\n",
+           reps_for(&a, 1), reps_for(&a, 4096), WARMUP, (double)WARMUP_NS * 1e-9,
+           a.o.quick ? " (--quick)" : "");
+    for (size_t ci = 0; ci < N_CONFIGS; ci++)
+        for (size_t ti = 0; ti < MAX_TOKEN_COUNTS; ti++) {
+            results[ci][ti].loop_ms = NAN;
+            results[ci][ti].grouped_ms = NAN;
+            results[ci][ti].floor_ms = results[ci][ti].bw_ms = results[ci][ti].flop_ms = NAN;
+        }
+
+    /* The peer first, alone on the GPU: nothing of ours is allocated yet. */
+    peer_result peer;
+    run_peer(&a, &peer);
+
+    env e;
+    memset(&e, 0, sizeof e);
+    e.rng = 0x5AFEC0DA12345ULL;
+    SC_TRY(sc_context_create(&(sc_context_desc){.device = 0}, &e.ctx));
+    SC_TRY(sc_context_default_stream(e.ctx, &e.st));
+    SC_TRY(sc_event_create(e.ctx, &(sc_event_desc){.timing = true, .label = "t0"}, &e.ev0));
+    SC_TRY(sc_event_create(e.ctx, &(sc_event_desc){.timing = true, .label = "t1"}, &e.ev1));
+    SC_TRY(sc_host_buffer_create(
+        e.ctx, &(sc_host_buffer_desc){.bytes = BLOCK_ELEMS * 2, .label = "random staging"},
+        &e.staging));
+    e.xblk = make_block(&e, 1.0, "random block N(0,1)");
+
+    double copy_tbs = measure_copy_tbs(&e);
+    double tflops = peer.matmul_tflops;
+    bool nominal = isnan(tflops) || tflops <= 0;
+    if (nominal) { /* dense bf16 tensor FLOP per SM per clock: 4096 on Hopper */
+        double per_clk = props.cc_major >= 10 ? 8192 : props.cc_major == 9 ? 4096 : 2048;
+        tflops = props.sm_count * (props.clock_khz * 1e3) * per_clk * 1e-12;
+    }
+    printf("\nrates: copy %.3f TB/s (1 GiB sc_copy D2D, read + write, median of 10); matmul "
+           "%.1f TFLOP/s (%s)\n",
+           copy_tbs, tflops, nominal ? "nominal, from the device properties" : "torch peer");
+
+    for (size_t ci = 0; ci < N_CONFIGS; ci++)
+        if (a.on[ci])
+            run_config(&e, &a, ci, copy_tbs, tflops);
+
+    SC_TRY(sc_buffer_destroy(e.xblk));
+    SC_TRY(sc_host_buffer_destroy(e.staging));
+    SC_TRY(sc_event_destroy(e.ev0));
+    SC_TRY(sc_event_destroy(e.ev1));
+    SC_TRY(sc_context_destroy(e.ctx));
+    free(e.host);
+
+    char csv[1024] = "", png[1200] = "";
+    if (write_csv(&a, csv, sizeof csv)) {
+        plot(&a, csv, png, sizeof png);
+    } else {
+        csv[0] = '\0';
+    }
+    summary(&a, &props, copy_tbs, &peer, tflops, nominal, csv, png);
+    return 0;
+}

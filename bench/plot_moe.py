@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Plot bench_moe's results: one panel per layer, forward time (ms, log) against tokens T
+(log), with safecuda's fused layer, the torch expert loop, torch._grouped_mm and the floor.
+
+    plot_moe.py bench_moe.csv bench_moe.png
+
+The CSV is bench_moe's: config,T,ours_ms,floor_ms,pct_floor,loop_ms,grouped_ms ("nan" where
+a value is missing). Exits non-zero, saying why, when matplotlib is missing or the CSV holds
+no rows.
+"""
+import csv
+import math
+import sys
+
+SHAPES = {
+    "mixtral": "E=8 k=2 H=4096 I=14336",
+    "qwen3moe": "E=128 k=8 H=2048 I=768",
+    "olmoe": "E=64 k=8 H=2048 I=1024",
+    "dsv3": "E=256 k=8 H=7168 I=2048",
+}
+
+SERIES = (  # column, label, style
+    ("ours_ms", "safecuda sc_moe_forward", dict(color="C0", marker="o", lw=2)),
+    ("loop_ms", "torch expert loop", dict(color="C3", marker="s", lw=1.2)),
+    ("grouped_ms", "torch _grouped_mm", dict(color="C2", marker="^", lw=1.2)),
+    ("floor_ms", "floor max(bytes/copy, FLOPs/matmul)", dict(color="k", ls="--", lw=1)),
+)
+
+
+def num(text):
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) and v > 0 else math.nan
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__.strip().split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    src, dst = sys.argv[1], sys.argv[2]
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+    except Exception as exc:  # noqa: BLE001 - any import failure: no plot
+        print(f"matplotlib unavailable: {exc}", file=sys.stderr)
+        return 3
+
+    data = {}  # config -> list of rows, in file order
+    with open(src, newline="") as f:
+        for row in csv.DictReader(f):
+            data.setdefault(row["config"], []).append(row)
+    if not data:
+        print(f"{src}: no rows", file=sys.stderr)
+        return 4
+
+    names = list(data)
+    ncols = 1 if len(names) == 1 else 2
+    nrows = (len(names) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
+    for i, name in enumerate(names):
+        ax = axes[i // ncols][i % ncols]
+        rows = sorted(data[name], key=lambda r: int(r["T"]))
+        ts = [int(r["T"]) for r in rows]
+        for col, label, style in SERIES:
+            vs = [num(r[col]) for r in rows]  # nan breaks the line: a missing point shows
+            if any(not math.isnan(v) for v in vs):
+                ax.plot(ts, vs, label=label, **style)
+        for t, r in zip(ts, rows):  # % of floor next to each of our points
+            ours, pct = num(r["ours_ms"]), num(r["pct_floor"])
+            if not math.isnan(ours) and not math.isnan(pct):
+                ax.annotate(f"{pct:.0f}%", (t, ours), textcoords="offset points",
+                            xytext=(4, 6), fontsize=7, color="C0")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("forward time (ms)")
+        ax.set_title(f"{name} ({SHAPES[name]})" if name in SHAPES else name, fontsize=10)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        if ts:
+            ax.set_xticks(ts)
+            ax.set_xticklabels([str(t) for t in ts], fontsize=8)
+        ax.legend(fontsize=7, loc="upper left")
+    for j in range(len(names), nrows * ncols):
+        axes[j // ncols][j % ncols].axis("off")
+    fig.suptitle("MoE layer forward, bf16 (% = floor / safecuda time)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(dst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+/* The host tests' view of the fake driver (tests/fake/fake_libcuda.c): its counters,
+ * looked up in the copy of libcuda_fake.so that safecuda loaded (SAFECUDA_LIBCUDA).
+ * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing measured through it says
+ * anything about a GPU. */
+#ifndef SAFECUDA_TESTS_FAKE_CONTROL_H
+#define SAFECUDA_TESTS_FAKE_CONTROL_H
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safecuda.h"
+
+#ifndef RTLD_NOLOAD
+#define RTLD_NOLOAD 0x00004 /* glibc's value; <dlfcn.h> hides it without _GNU_SOURCE */
+#endif
+
+static struct fake_api {
+    int (*misuse_count)(void);
+    long (*live_device_allocations)(void);
+    long (*live_host_allocations)(void);
+    long (*live_streams)(void);
+    long (*live_events)(void);
+    long (*live_modules)(void);
+    long (*live_pools)(void);
+    long (*primary_refcount)(void);
+    unsigned long long (*device_used_bytes)(void);
+    unsigned long long (*pool_cached_bytes)(void);
+    long (*reclaimed_allocations)(void);
+    const char *(*last_misuse)(void);
+    void (*set_reclaim_on_release)(int on);
+} fake;
+
+/* The objects the fake holds: what a leak check compares. */
+typedef struct fake_counts {
+    long device, host, streams, events, modules, pools, refcount;
+} fake_counts;
+
+static inline void *fake_sym_(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "fake driver: no symbol %s in %s\n", name, getenv("SAFECUDA_LIBCUDA"));
+        exit(1);
+    }
+    return p;
+}
+
+/* Load the driver through safecuda, then find the fake's test symbols. Exits on failure
+ * (these tests mean nothing without the fake). */
+static inline void fake_attach(void)
+{
+    const char *path = getenv("SAFECUDA_LIBCUDA");
+    if (!path || !path[0]) {
+        fprintf(stderr, "SAFECUDA_LIBCUDA is not set: these tests run against the fake "
+                        "driver (libcuda_fake.so)\n");
+        exit(1);
+    }
+    if (sc_init() != SC_OK) {
+        fprintf(stderr, "sc_init failed against the fake driver: %s\n", sc_last_error());
+        exit(1);
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) {
+        fprintf(stderr, "the fake driver %s is not loaded: %s\n", path, dlerror());
+        exit(1);
+    }
+#define FAKE_SYM(field, name) memcpy(&fake.field, &(void *){fake_sym_(h, name)}, sizeof(void *))
+    FAKE_SYM(misuse_count, "fake_cuda_misuse_count");
+    FAKE_SYM(live_device_allocations, "fake_cuda_live_device_allocations");
+    FAKE_SYM(live_host_allocations, "fake_cuda_live_host_allocations");
+    FAKE_SYM(live_streams, "fake_cuda_live_streams");
+    FAKE_SYM(live_events, "fake_cuda_live_events");
+    FAKE_SYM(live_modules, "fake_cuda_live_modules");
+    FAKE_SYM(live_pools, "fake_cuda_live_pools");
+    FAKE_SYM(primary_refcount, "fake_cuda_primary_refcount");
+    FAKE_SYM(device_used_bytes, "fake_cuda_device_used_bytes");
+    FAKE_SYM(pool_cached_bytes, "fake_cuda_pool_cached_bytes");
+    FAKE_SYM(reclaimed_allocations, "fake_cuda_reclaimed_allocations");
+    FAKE_SYM(last_misuse, "fake_cuda_last_misuse");
+    FAKE_SYM(set_reclaim_on_release, "fake_cuda_set_reclaim_on_release");
+#undef FAKE_SYM
+    dlclose(h); /* drops only the reference taken here: safecuda's keeps it loaded */
+}
+
+static inline fake_counts fake_counts_now(void)
+{
+    fake_counts c = {fake.live_device_allocations(), fake.live_host_allocations(),
+                     fake.live_streams(),            fake.live_events(),
+                     fake.live_modules(),            fake.live_pools(),
+                     fake.primary_refcount()};
+    return c;
+}
+
+/* Writes the differences into buf (if any) and returns how many counters differ. */
+static inline int fake_counts_diff(fake_counts want, fake_counts got, char *buf, size_t size)
+{
+    int n = 0;
+    size_t len = 0;
+    if (size)
+        buf[0] = '\0';
+#define FAKE_CMP(f)                                                                         \
+    if (want.f != got.f) {                                                                  \
+        n++;                                                                                \
+        if (len < size)                                                                     \
+            len += (size_t)snprintf(buf + len, size - len, "%s%s %ld (want %ld)",           \
+                                    len ? ", " : "", #f, got.f, want.f);                    \
+    }
+    FAKE_CMP(device) FAKE_CMP(host) FAKE_CMP(streams) FAKE_CMP(events) FAKE_CMP(modules)
+    FAKE_CMP(pools) FAKE_CMP(refcount)
+#undef FAKE_CMP
+    return n;
+}
+
+#endif
