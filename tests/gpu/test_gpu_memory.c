@@ -1089,7 +1089,11 @@ static void test_cycles(void)
            "(drift %.3f MiB)\n",
            done, dt, dt * 1e6 / (done ? done : 1), (double)free0 / (double)MiB,
            (double)free1 / (double)MiB, drift);
-    CHECK(drift <= 1.0 && drift >= -1.0);
+    /* Under compute-sanitizer the tool's own device allocations (initcheck's shadow memory
+     * grows in 128 MiB steps) move free VRAM; the sanitizer's leak check covers this run,
+     * the plain run asserts the drift. */
+    if (!sanitizer)
+        CHECK(drift <= 1.0 && drift >= -1.0);
     CHECK_OK(sc_context_destroy(c));
 }
 
