@@ -17,6 +17,21 @@ static const char *arg_kind_name(sc_arg_kind k)
     return "invalid";
 }
 
+/* "argument N" for view messages, made once: formatting it per launch would cost more than
+ * the rest of the checks. */
+static char arg_labels[SCI_MAX_PARAMS][16];
+static pthread_once_t arg_labels_once = PTHREAD_ONCE_INIT;
+static void make_arg_labels(void)
+{
+    for (int i = 0; i < SCI_MAX_PARAMS; i++)
+        snprintf(arg_labels[i], sizeof arg_labels[i], "argument %d", i);
+}
+static const char *arg_label(size_t i)
+{
+    pthread_once(&arg_labels_once, make_arg_labels);
+    return arg_labels[i];
+}
+
 /* Check the configuration against the device's and the kernel's limits. */
 static sc_status check_config(const sci_kernel *k, const sc_launch_desc *d, sc_dim3 *grid,
                               sc_dim3 *block, const char *fn)
@@ -70,6 +85,24 @@ static sc_status check_config(const sci_kernel *k, const sc_launch_desc *d, sc_d
     return SC_OK;
 }
 
+/* What was given for an argument, for messages (formatted only when a check fails). */
+static const char *describe_arg(const sc_arg *a, const sci_resolved_view *v, char *what,
+                                size_t size)
+{
+    switch (a->kind) {
+    case SC_ARG_IN: case SC_ARG_OUT: case SC_ARG_INOUT:
+        snprintf(what, size, "%s %s view", arg_kind_name(a->kind), sc_dtype_name(v->buf->dtype));
+        break;
+    case SC_ARG_SCALAR:
+        snprintf(what, size, "%s scalar", sc_dtype_name(a->dtype));
+        break;
+    default:
+        snprintf(what, size, "%zu raw bytes", a->size);
+        break;
+    }
+    return what;
+}
+
 /* Check one argument against the kernel's parameter i. */
 static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
                            const sci_resolved_view *v, const char *fn)
@@ -79,19 +112,15 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
     switch (a->kind) {
     case SC_ARG_IN: case SC_ARG_OUT: case SC_ARG_INOUT:
         given = sizeof(CUdeviceptr);
-        snprintf(what, sizeof what, "%s %s view", arg_kind_name(a->kind),
-                 sc_dtype_name(v->buf->dtype));
         break;
     case SC_ARG_SCALAR:
         given = sc_dtype_size(a->dtype);
-        snprintf(what, sizeof what, "%s scalar", sc_dtype_name(a->dtype));
         if (given == 0)
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "argument %d: invalid scalar dtype %d",
                             i, (int)a->dtype);
         break;
     case SC_ARG_BYTES:
         given = a->size;
-        snprintf(what, sizeof what, "%zu raw bytes", a->size);
         if (!a->bytes || a->size == 0)
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                             "argument %d: sc_arg_bytes with a NULL pointer or size 0", i);
@@ -105,7 +134,8 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
                         "kernel '%s', argument %d: the kernel's parameter%s%s%s is %u bytes but "
                         "a %s of %zu bytes was given",
                         k->display, i, k->typed ? " (" : "", k->typed ? k->types[i].text : "",
-                        k->typed ? ")" : "", k->param_size[i], what, given);
+                        k->typed ? ")" : "", k->param_size[i],
+                        describe_arg(a, v, what, sizeof what), given);
     if (!k->typed)
         return SC_OK;
     const sci_param_type *t = &k->types[i];
@@ -116,13 +146,14 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
                 return SC_OK;
             return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
                             "kernel '%s', argument %d: the kernel wants '%s' but an %s was given",
-                            k->display, i, t->text, what);
+                            k->display, i, t->text, describe_arg(a, v, what, sizeof what));
         }
         if (t->dtype != SC_DTYPE_INVALID && t->dtype != v->buf->dtype)
             return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
                             "kernel '%s', argument %d: the kernel wants '%s' but an %s was given "
                             "(buffer '%s' created at %s:%d)",
-                            k->display, i, t->text, what, v->buf->obj.label,
+                            k->display, i, t->text, describe_arg(a, v, what, sizeof what),
+                            v->buf->obj.label,
                             sci_basename(v->buf->obj.file), v->buf->obj.line);
         if (t->is_const && a->kind != SC_ARG_IN)
             return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
@@ -136,11 +167,11 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
             return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
                             "kernel '%s', argument %d: the kernel wants '%s' (a buffer: pass a "
                             "view) but an %s was given",
-                            k->display, i, t->text, what);
+                            k->display, i, t->text, describe_arg(a, v, what, sizeof what));
         if (t->kind == SCI_PARAM_SCALAR && t->dtype != SC_DTYPE_INVALID && t->dtype != a->dtype)
             return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
                             "kernel '%s', argument %d: the kernel wants '%s' but an %s was given",
-                            k->display, i, t->text, what);
+                            k->display, i, t->text, describe_arg(a, v, what, sizeof what));
     }
     return SC_OK;
 }
@@ -189,9 +220,7 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
         const sc_arg *a = &args[i];
         sci_resolved_view *v = &views[i];
         if (a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT) {
-            char what[32];
-            snprintf(what, sizeof what, "argument %zu", i);
-            s = sci_view_resolve(a->view, fn, what, v);
+            s = sci_view_resolve(a->view, fn, arg_label(i), v);
             if (s != SC_OK)
                 break;
             n_views = i + 1;
