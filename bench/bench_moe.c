@@ -79,10 +79,13 @@ typedef struct point {
     double ours_ms;
     double floor_ms, bw_ms, flop_ms;
     double loop_ms, grouped_ms; /* the peer's, NAN when it has none */
+    double flops;               /* of the layer at this T */
+    sc_moe_profile prof;        /* one profiled forward after the timed ones */
 } point;
 
 typedef struct args {
     bench_opts o;
+    sc_moe_backend backend;
     bool on[N_CONFIGS];
     uint64_t tokens[MAX_TOKEN_COUNTS];
     size_t n_tokens;
@@ -160,6 +163,7 @@ static void usage(const char *prog)
            "  --quick     T = 1, 64, 4096 and half the repetitions (a smoke test)\n"
            "  --configs   the layers to run (default: all)\n"
            "  --tokens    the token counts (default 1,16,64,256,1024,4096,16384)\n"
+           "  --backend   auto (default), mma or sm90: the layer's GEMMs\n"
            "environment: SAFECUDA_BENCH_PYTHON (default python3), SAFECUDA_BENCH_NO_PEER=1 "
            "(skip the torch peer), SAFECUDA_BENCH_PEERS (the peers' folder)\n",
            prog);
@@ -233,6 +237,18 @@ static args parse_args(int argc, char **argv)
             tokens = argv[++i];
         } else if (strncmp(s, "--tokens=", 9) == 0) {
             tokens = s + 9;
+        } else if (strcmp(s, "--backend") == 0 && i + 1 < argc) {
+            const char *b = argv[++i];
+            if (strcmp(b, "auto") == 0)
+                a.backend = SC_MOE_BACKEND_AUTO;
+            else if (strcmp(b, "mma") == 0)
+                a.backend = SC_MOE_BACKEND_MMA;
+            else if (strcmp(b, "sm90") == 0)
+                a.backend = SC_MOE_BACKEND_SM90;
+            else {
+                fprintf(stderr, "%s: unknown backend '%s' (auto, mma, sm90)\n", argv[0], b);
+                exit(2);
+            }
         } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
             usage(argv[0]);
             exit(0);
@@ -500,6 +516,7 @@ static void floor_for(const moe_config *c, uint64_t T, double copy_tbs, double t
     pt->bw_ms = bytes / (copy_tbs * 1e12) * 1e3;
     pt->flop_ms = flops / (tflops * 1e12) * 1e3;
     pt->floor_ms = dmax(pt->bw_ms, pt->flop_ms);
+    pt->flops = flops;
 }
 
 /* Device bytes the layer needs at T tokens: weights, workspace, inputs and output. */
@@ -551,8 +568,20 @@ static void print_row(const args *a, size_t ci, size_t ti)
         snprintf(pct, sizeof pct, "%.1f%%", 100.0 * p->floor_ms / p->ours_ms);
     else
         snprintf(pct, sizeof pct, "-");
-    printf("  %6" PRIu64 " %10s %10s %8s %6s %10s %11s %8s %10s\n", a->tokens[ti], ours, fl,
-           pct, p->bw_ms >= p->flop_ms ? "mem" : "flops", lp, gm, vl, vg);
+    char tf[32];
+    if (p->measured)
+        snprintf(tf, sizeof tf, "%.0f", p->flops / (p->ours_ms * 1e-3) * 1e-12);
+    else
+        snprintf(tf, sizeof tf, "-");
+    printf("  %6" PRIu64 " %10s %10s %8s %6s %8s %10s %11s %8s %10s\n", a->tokens[ti], ours, fl,
+           pct, p->bw_ms >= p->flop_ms ? "mem" : "flops", tf, lp, gm, vl, vg);
+    if (p->measured && p->prof.steps > 0) {
+        printf("         steps (ms):");
+        for (int i = 0; i < p->prof.steps; i++)
+            printf(" %s %.3f%s", p->prof.name[i], (double)p->prof.ms[i],
+                   i + 1 < p->prof.steps ? " |" : "");
+        printf("\n");
+    }
 }
 
 static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double tflops)
@@ -618,7 +647,7 @@ static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double
                                         .scoring = c->scoring, .renormalize = c->renormalize,
                                         .router = router, .w13 = w13, .w2 = w2,
                                         .selection_bias = bias, .max_tokens = maxT,
-                                        .label = c->name},
+                                        .label = c->name, .backend = a->backend},
                          &layer));
     SC_TRY(sc_stream_synchronize(e->st));
     double create_s = (double)(bench_now_ns() - t0) * 1e-9;
@@ -627,8 +656,8 @@ static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double
     printf("  weights made in %.2f s; sc_moe_create %.2f s (kernels compiled or loaded from the "
            "cache); workspace %.2f GB for %" PRIu64 " tokens\n",
            made_s, create_s, (double)ws * 1e-9, maxT);
-    printf("  %6s %10s %10s %8s %6s %10s %11s %8s %10s\n", "T", "ours ms", "floor ms",
-           "% floor", "bound", "loop ms", "grouped ms", "vs loop", "vs grouped");
+    printf("  %6s %10s %10s %8s %6s %8s %10s %11s %8s %10s\n", "T", "ours ms", "floor ms",
+           "% floor", "bound", "TFLOP/s", "loop ms", "grouped ms", "vs loop", "vs grouped");
 
     for (size_t ti = 0; ti < a->n_tokens; ti++) {
         const uint64_t T = a->tokens[ti], TH = T * H;
@@ -651,6 +680,8 @@ static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double
         point *p = &results[ci][ti];
         p->ours_ms = bench_median(ms, (size_t)reps);
         p->measured = true;
+        SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov,
+                              &(sc_moe_forward_desc){.profile = &p->prof}));
 
         /* The check: out all NaN, one forward, no NaN or Inf may remain. */
         const uint16_t nan_bits = 0x7fc0;

@@ -580,7 +580,9 @@ typedef enum sc_arg_kind {
     SC_ARG_OUT,       /* a view the kernel writes */
     SC_ARG_INOUT,     /* a view the kernel reads and writes */
     SC_ARG_SCALAR,    /* a value of the given dtype */
-    SC_ARG_BYTES      /* raw bytes (a struct passed by value) */
+    SC_ARG_BYTES,     /* raw bytes (a struct passed by value) */
+    SC_ARG_TENSOR_MAP_IN,  /* a tensor map (sc_tensor_map) whose view the kernel reads */
+    SC_ARG_TENSOR_MAP_OUT  /* a tensor map whose view the kernel writes (TMA stores) */
 } sc_arg_kind;
 
 typedef struct sc_arg {
@@ -604,6 +606,52 @@ static inline sc_arg sc_arg_u64(uint64_t x) { sc_arg a = {SC_ARG_SCALAR, SC_U64,
 static inline sc_arg sc_arg_f32(float x) { sc_arg a = {SC_ARG_SCALAR, SC_F32, {{0}, 0, 0}, {0}, 0, 0}; a.value.f32 = x; return a; }
 static inline sc_arg sc_arg_f64(double x) { sc_arg a = {SC_ARG_SCALAR, SC_F64, {{0}, 0, 0}, {0}, 0, 0}; a.value.f64 = x; return a; }
 static inline sc_arg sc_arg_bytes(const void *p, size_t size) { sc_arg a = {SC_ARG_BYTES, SC_DTYPE_INVALID, {{0}, 0, 0}, {0}, p, size}; return a; }
+
+/* ======================================================================================
+ * Tensor maps (sm_90 and newer: the bulk tensor copy engine, TMA)
+ *
+ * A tensor map describes a view as a row-major rows x cols array and the box (tile) that
+ * one cp.async.bulk.tensor copy moves between it and shared memory. Elements outside the
+ * array read as zeros. A kernel takes the map as a `const __grid_constant__ CUtensorMap`
+ * parameter (128 bytes); pass it with sc_arg_tensor_map_in / _out. The map keeps its view:
+ * the launch checks that the view's buffer is alive and still at the address the map was
+ * encoded for (a stale map is SC_ERR_STALE_HANDLE, like a stale view), and the declared
+ * access orders the launch after conflicting work on other streams, like a view argument.
+ * The device address inside the map is otherwise unchecked: the kernel's copies are
+ * bounded by the array's shape, not by the view's buffer, so keep rows x cols = the view.
+ * ==================================================================================== */
+
+typedef enum sc_tensor_swizzle {
+    SC_SWIZZLE_NONE = 0, SC_SWIZZLE_32B, SC_SWIZZLE_64B, SC_SWIZZLE_128B
+} sc_tensor_swizzle;
+
+typedef struct sc_tensor_map_desc {
+    uint64_t rows, cols;         /* rows x cols = the view's elements; a row is a multiple of
+                                    16 bytes and starts 16-byte aligned */
+    uint32_t box_rows, box_cols; /* 1 .. 256 each; box_cols x element size a multiple of 16
+                                    bytes and at most the swizzle span (32, 64, 128 bytes) */
+    sc_tensor_swizzle swizzle;   /* how the box is laid out in shared memory */
+} sc_tensor_map_desc;
+
+#if defined(__cplusplus)
+#define SC_ALIGN64 alignas(64)
+#else
+#define SC_ALIGN64 _Alignas(64)
+#endif
+typedef struct sc_tensor_map {
+    SC_ALIGN64 unsigned char encoded[128]; /* the CUtensorMap the kernel receives */
+    sc_view view;                          /* what it describes */
+    uint64_t address;                      /* the device address it was encoded for */
+    sc_tensor_map_desc desc;
+} sc_tensor_map;
+
+/* Describe view as desc says. SC_ERR_NOT_SUPPORTED before sm_90 or without driver support
+ * (CUDA 12.0+). */
+SC_API sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc,
+                                      sc_tensor_map *map);
+
+static inline sc_arg sc_arg_tensor_map_in(const sc_tensor_map *m) { sc_arg a = {SC_ARG_TENSOR_MAP_IN, SC_DTYPE_INVALID, m->view, {0}, m, sizeof m->encoded}; return a; }
+static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = {SC_ARG_TENSOR_MAP_OUT, SC_DTYPE_INVALID, m->view, {0}, m, sizeof m->encoded}; return a; }
 
 /* Launch kernel on stream after checking: the argument count and each argument's size
  * against the kernel's parameters (cuFuncGetParamInfo); for kernels with C++ (mangled)

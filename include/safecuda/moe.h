@@ -8,8 +8,9 @@
  * are W1), then y_e = h W2[e]^T (W2 [E, H, I]); out[t] = sum over the chosen e of
  * weight(t, e) * y_e[t].
  *
- * bf16 weights and activations, fp32 accumulation, tensor cores (mma.sync). The forward
- * pass makes no host synchronization (expert counts stay on the device) and is
+ * bf16 weights and activations, fp32 accumulation, tensor cores: on sm_90 (H100, H200)
+ * warpgroup MMAs fed by the bulk tensor copy engine, elsewhere (sm_80+) mma.sync. The
+ * forward pass makes no host synchronization (expert counts stay on the device) and is
  * deterministic: the same input gives bit-identical output. */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
@@ -23,6 +24,15 @@ extern "C" {
 typedef struct sc_moe { uint64_t id; } sc_moe;
 
 typedef enum sc_moe_scoring { SC_MOE_SOFTMAX = 0, SC_MOE_SIGMOID } sc_moe_scoring;
+
+/* The grouped GEMMs' implementation. AUTO: SM90 on compute capability 9.0, MMA elsewhere.
+ * SM90 on another device is SC_ERR_NOT_SUPPORTED. Both compute the same function; the
+ * choice exists for tests and comparisons. */
+typedef enum sc_moe_backend {
+    SC_MOE_BACKEND_AUTO = 0,
+    SC_MOE_BACKEND_MMA,  /* mma.sync, cp.async (sm_80 and newer) */
+    SC_MOE_BACKEND_SM90  /* wgmma, TMA, warp-specialized persistent kernels (sm_90a) */
+} sc_moe_backend;
 
 typedef struct sc_moe_desc {
     int experts;          /* E: 1 .. 256 */
@@ -38,6 +48,7 @@ typedef struct sc_moe_desc {
     sc_buffer selection_bias; /* optional: [E] f32, added to the scores for selection only */
     uint64_t max_tokens;  /* workspace hint (default 256); grown on demand */
     const char *label;
+    sc_moe_backend backend;
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
@@ -48,16 +59,29 @@ SC_API sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_mo
 #define sc_moe_create(...) sc_moe_create_at(__VA_ARGS__, __FILE__, __LINE__)
 SC_API sc_status sc_moe_destroy(sc_moe layer);
 
+/* Where a forward's time goes: the device time of each kernel (and fill) it enqueued, in
+ * order, measured with timing events around each. */
+#define SC_MOE_MAX_STEPS 16
+typedef struct sc_moe_profile {
+    int steps;                           /* entries filled */
+    const char *name[SC_MOE_MAX_STEPS];  /* e.g. "router", "w13 gemm (sm90 large)" */
+    float ms[SC_MOE_MAX_STEPS];
+    float total_ms;                      /* first event to last */
+} sc_moe_profile;
+
 /* Optional outputs of a forward pass: the chosen experts (i32 [T, k]) and their routing
- * weights (f32 [T, k]), in slot order. Zero views (no buffer) are not written. */
+ * weights (f32 [T, k]), in slot order. Zero views (no buffer) are not written. With
+ * profile set, the forward times each step and waits for the stream before it returns
+ * (a host synchronization, for measurements only). */
 typedef struct sc_moe_forward_desc {
     sc_view expert_ids;
     sc_view expert_weights;
+    sc_moe_profile *profile;
 } sc_moe_forward_desc;
 
-/* out [T, H] = MoE(x [T, H]) on stream; T = x's element count / H. Both views are bf16;
- * out must not overlap x. opts may be NULL. Grows the workspace when T exceeds it
- * (stream-ordered, no host synchronization). */
+/* out [T, H] = MoE(x [T, H]) on stream; T = x's element count / H. Both views are bf16 and
+ * start at a multiple of 8 elements (16 bytes); out must not overlap x. opts may be NULL.
+ * Grows the workspace when T exceeds it (stream-ordered, no host synchronization). */
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
 

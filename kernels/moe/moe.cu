@@ -308,24 +308,44 @@ extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, i
     }
 }
 
-// ---- offsets: rows and tiles per expert (one block) --------------------------------------
+// ---- offsets: rows and tiles per expert (one block of SC_MOE_MAX_EXPERTS threads) --------
+//
+// An exclusive scan of the counts (rows) and of the BM-row tiles per expert, by warps and
+// then over the warp totals; the cursors of the scatter are reset.
 
 extern "C" __global__ void sc_moe_offsets(const int *counts, int *row_offsets, int *tile_offsets,
                                           int *cursor, int E)
 {
-    if (threadIdx.x == 0) {
-        int rows = 0, tiles = 0;
-        for (int e = 0; e < E; e++) {
-            row_offsets[e] = rows;
-            tile_offsets[e] = tiles;
-            rows += counts[e];
-            tiles += (counts[e] + BM - 1) / BM;
+    __shared__ int warp_rows[SC_MOE_MAX_EXPERTS / 32], warp_tiles[SC_MOE_MAX_EXPERTS / 32];
+    const int e = threadIdx.x, lane = e & 31, w = e >> 5;
+    const int rows = e < E ? counts[e] : 0, tiles = (rows + BM - 1) / BM;
+    int r = rows, t = tiles;
+    for (int o = 1; o < 32; o <<= 1) {
+        int ur = __shfl_up_sync(0xffffffffu, r, o), ut = __shfl_up_sync(0xffffffffu, t, o);
+        if (lane >= o) {
+            r += ur;
+            t += ut;
         }
-        row_offsets[E] = rows;
-        tile_offsets[E] = tiles;
     }
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (lane == 31) {
+        warp_rows[w] = r;
+        warp_tiles[w] = t;
+    }
+    __syncthreads();
+    int base_r = 0, base_t = 0;
+    for (int i = 0; i < w; i++) {
+        base_r += warp_rows[i];
+        base_t += warp_tiles[i];
+    }
+    if (e < E) {
+        row_offsets[e] = base_r + r - rows;
+        tile_offsets[e] = base_t + t - tiles;
         cursor[e] = 0;
+    }
+    if (e == E - 1) {
+        row_offsets[E] = base_r + r;
+        tile_offsets[E] = base_t + t;
+    }
 }
 
 // ---- the permutation: expert-major rows --------------------------------------------------
@@ -342,6 +362,33 @@ extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
     perm_token[p] = (int)(i / k);
     perm_weight[p] = weights[i];
     pos[i] = p;
+}
+
+// The same, one warp per (token, slot), that also copies the token's row of x to row p of
+// x_perm (for GEMMs that read A through the copy engine, which cannot gather rows).
+extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *weights,
+                                                 const int *row_offsets, int *cursor,
+                                                 int *perm_token, float *perm_weight, int *pos,
+                                                 const bf16_t *x, bf16_t *x_perm, int T, int k,
+                                                 int H)
+{
+    const long long i = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (i >= (long long)T * k)
+        return;
+    const int e = ids[i];
+    int p = 0;
+    if (lane == 0) {
+        p = row_offsets[e] + atomicAdd(&cursor[e], 1);
+        perm_token[p] = (int)(i / k);
+        perm_weight[p] = weights[i];
+        pos[i] = p;
+    }
+    p = __shfl_sync(0xffffffffu, p, 0);
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + (i / k) * (long long)H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)p * H);
+    for (int c = lane; c < H / 8; c += 32)
+        dst[c] = src[c];
 }
 
 // ---- W13: h[p, :] = silu(x[tok(p)] W1[e]^T) * (x[tok(p)] W3[e]^T) ------------------------

@@ -19,6 +19,26 @@
 #define SC_MOE_ALIGN 8         /* H and I must be multiples of this (16-byte rows) */
 
 #define SC_MOE_TOPK_TOKENS_PER_BLOCK 8 /* one warp per token */
+#define SC_MOE_SCATTER_WARPS 8         /* scatter + gather: one warp per (token, slot) */
+
+/* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
+ * 64 CONS), BN columns of B per tile (for W13: BN/2 gate + BN/2 up rows, so BN/2 columns
+ * of h), K steps of 64 through STAGES TMA stages; GROUP_M M tiles share each N tile. The
+ * large tile is for prefill, the small one streams weights for decode. */
+#define SC_MOE_SM90_GROUP_M 16
+#define SC_MOE_SM90_LARGE_CONS 2
+#define SC_MOE_SM90_LARGE_BN 256
+#define SC_MOE_SM90_LARGE_STAGES 4
+#define SC_MOE_SM90_SMALL_CONS 1
+#define SC_MOE_SM90_SMALL_BN 64
+#define SC_MOE_SM90_SMALL_STAGES 8
+/* Rows per expert (T k / E on average) up to which the small tile is used. */
+#define SC_MOE_SM90_SMALL_MAX_ROWS 64
+/* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
+ * and tile offsets. */
+#define SC_MOE_SM90_SMEM(CONS, BN, STAGES)                                                \
+    (1024 + (STAGES) * ((CONS) * 64 * 128 + (BN) * 128) + 2 * (STAGES) * 8 +              \
+     2 * (SC_MOE_MAX_EXPERTS + 1) * 4)
 #define SC_MOE_COMBINE_THREADS 256
 
 #endif

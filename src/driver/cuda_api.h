@@ -136,6 +136,29 @@ typedef struct {
 
 typedef int CUjit_option;
 
+/* Tensor maps (the bulk tensor copy engine of sm_90+): 128 opaque bytes, 64-byte aligned. */
+typedef uint32_t cuuint32_t;
+typedef struct CUtensorMap_st { _Alignas(64) cuuint64_t opaque[16]; } CUtensorMap;
+enum {
+    CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
+    CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
+    CU_TENSOR_MAP_DATA_TYPE_UINT32 = 2,
+    CU_TENSOR_MAP_DATA_TYPE_INT32 = 3,
+    CU_TENSOR_MAP_DATA_TYPE_UINT64 = 4,
+    CU_TENSOR_MAP_DATA_TYPE_INT64 = 5,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT64 = 8,
+    CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+    CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_32B = 1,
+    CU_TENSOR_MAP_SWIZZLE_64B = 2,
+    CU_TENSOR_MAP_SWIZZLE_128B = 3,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3,
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
+};
+
 enum {
     CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
     CU_GET_PROC_ADDRESS_SUCCESS = 0,
@@ -232,6 +255,12 @@ enum {
     X(cuOccupancyMaxPotentialBlockSize, 6050, 1,                                               \
       (int *grid, int *block, CUfunction f, CUoccupancyB2DSize fn, size_t dyn, int limit),     \
       (grid, block, f, fn, dyn, limit))                                                        \
+    X(cuTensorMapEncodeTiled, 12000, 0,                                                        \
+      (CUtensorMap * map, int dtype, cuuint32_t rank, void *address, const cuuint64_t *dims,   \
+       const cuuint64_t *strides, const cuuint32_t *box, const cuuint32_t *element_strides,    \
+       int interleave, int swizzle, int l2_promotion, int oob_fill),                           \
+      (map, dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle,    \
+       l2_promotion, oob_fill))                                                                \
     X(cuLaunchKernel, 4000, 1,                                                                 \
       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,          \
        unsigned bz, unsigned shared, CUstream s, void **params, void **extra),                 \

@@ -24,6 +24,8 @@ const char *sci_driver_library_path(void);
 bool sci_driver_has_devices(void);
 /* Whether an optional entry point (required = 0 in the table) was found. */
 bool sci_driver_has_param_info(void);
+/* cuTensorMapEncodeTiled is there (CUDA 12.0+ drivers). */
+bool sci_driver_has_tensor_maps(void);
 
 sc_status sci_nvrtc_load(void);
 const char *sci_nvrtc_load_message(void);

@@ -60,12 +60,31 @@ sc_status sci_builtin_program(sc_context ctx, const char *file, int arch, sc_pro
     const char *source = sci_builtin_find(file);
     if (!source)
         return sci_fail(SC_ERR_INTERNAL, "sci_builtin_program", "no built-in file '%s'", file);
+    /* Files named *_sm90a.cu use the architecture-specific instructions of sm_90a (wgmma,
+     * setmaxnreg): compiled for exactly that, and refused for anything else. */
+    const size_t len = strlen(file), suffix = strlen("_sm90a.cu");
+    const bool sm90a = len > suffix && strcmp(file + len - suffix, "_sm90a.cu") == 0;
+    if (sm90a) {
+        int target = arch;
+        if (!target && ctx.id) {
+            sci_context *c = NULL;
+            sc_status s = sci_context_acquire(ctx, "sci_builtin_program", &c);
+            if (s != SC_OK)
+                return s;
+            target = c->props.cc_major * 10 + c->props.cc_minor;
+            sci_context_release(c);
+        }
+        if (target != 90)
+            return sci_fail(SC_ERR_NOT_SUPPORTED, "sci_builtin_program",
+                            "'%s' is for sm_90a (compute capability 9.0) only, not sm_%d", file,
+                            target);
+    }
     sc_program_header headers[32];
     size_t n = builtin_headers(headers, 32);
     return sc_program_create_at(ctx,
                                 &(sc_program_desc){.source = source, .name = file,
                                                    .headers = headers, .n_headers = n,
-                                                   .arch = arch},
+                                                   .arch = arch, .arch_specific = sm90a},
                                 out, __FILE__, __LINE__);
 }
 

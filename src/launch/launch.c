@@ -13,6 +13,8 @@ static const char *arg_kind_name(sc_arg_kind k)
     case SC_ARG_INOUT: return "inout";
     case SC_ARG_SCALAR: return "scalar";
     case SC_ARG_BYTES: return "bytes";
+    case SC_ARG_TENSOR_MAP_IN: return "tensor map in";
+    case SC_ARG_TENSOR_MAP_OUT: return "tensor map out";
     }
     return "invalid";
 }
@@ -96,6 +98,9 @@ static const char *describe_arg(const sc_arg *a, const sci_resolved_view *v, cha
     case SC_ARG_SCALAR:
         snprintf(what, size, "%s scalar", sc_dtype_name(a->dtype));
         break;
+    case SC_ARG_TENSOR_MAP_IN: case SC_ARG_TENSOR_MAP_OUT:
+        snprintf(what, size, "%s (%s view)", arg_kind_name(a->kind), sc_dtype_name(v->buf->dtype));
+        break;
     default:
         snprintf(what, size, "%zu raw bytes", a->size);
         break;
@@ -125,6 +130,16 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                             "argument %d: sc_arg_bytes with a NULL pointer or size 0", i);
         break;
+    case SC_ARG_TENSOR_MAP_IN: case SC_ARG_TENSOR_MAP_OUT: {
+        const sc_tensor_map *m = a->bytes;
+        given = sizeof m->encoded;
+        if (v->ptr != m->address)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "argument %d: the tensor map was encoded for device address 0x%llx "
+                            "but its view is now at 0x%llx (a copied or edited sc_tensor_map?)",
+                            i, (unsigned long long)m->address, (unsigned long long)v->ptr);
+        break;
+    }
     default:
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "argument %d: invalid kind %d", i,
                         (int)a->kind);
@@ -139,6 +154,13 @@ static sc_status check_arg(const sci_kernel *k, int i, const sc_arg *a,
     if (!k->typed)
         return SC_OK;
     const sci_param_type *t = &k->types[i];
+    if (a->kind == SC_ARG_TENSOR_MAP_IN || a->kind == SC_ARG_TENSOR_MAP_OUT) {
+        if (t->kind == SCI_PARAM_POINTER || t->kind == SCI_PARAM_SCALAR)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "kernel '%s', argument %d: the kernel wants '%s' but a %s was given",
+                            k->display, i, t->text, describe_arg(a, v, what, sizeof what));
+        return SC_OK;
+    }
     bool is_view = a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT;
     if (is_view) {
         if (t->kind != SCI_PARAM_POINTER) {
@@ -219,7 +241,12 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
     for (size_t i = 0; i < nargs && s == SC_OK; i++) {
         const sc_arg *a = &args[i];
         sci_resolved_view *v = &views[i];
-        if (a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT) {
+        bool tmap = a->kind == SC_ARG_TENSOR_MAP_IN || a->kind == SC_ARG_TENSOR_MAP_OUT;
+        if (tmap && !a->bytes) {
+            s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "argument %zu: tensor map is NULL", i);
+            break;
+        }
+        if (a->kind == SC_ARG_IN || a->kind == SC_ARG_OUT || a->kind == SC_ARG_INOUT || tmap) {
             s = sci_view_resolve(a->view, fn, arg_label(i), v);
             if (s != SC_OK)
                 break;
@@ -250,6 +277,11 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
             break;
         case SC_ARG_BYTES:
             params[i] = (void *)a->bytes;
+            break;
+        case SC_ARG_TENSOR_MAP_IN: case SC_ARG_TENSOR_MAP_OUT:
+            params[i] = (void *)((const sc_tensor_map *)a->bytes)->encoded;
+            acc[n_acc].tracker = &v->buf->tracker;
+            acc[n_acc++].mode = a->kind == SC_ARG_TENSOR_MAP_IN ? SCI_READ : SCI_WRITE;
             break;
         }
     }

@@ -10,26 +10,62 @@
 #include "memory/buffer.h"
 #include "safecuda/moe.h"
 
-enum { K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_W13, K_W2, K_COMBINE, K_COUNT };
-static const char *const kernel_names[K_COUNT] = {
-    "sc_moe_router_gemm", "sc_moe_topk", "sc_moe_offsets", "sc_moe_scatter",
-    "sc_moe_gemm_w13",    "sc_moe_gemm_w2", "sc_moe_combine",
+#define SM90_SMEM_L                                                                       \
+    SC_MOE_SM90_SMEM(SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
+#define SM90_SMEM_S                                                                       \
+    SC_MOE_SM90_SMEM(SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
+
+enum {
+    K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_COMBINE, /* routing and combine (both) */
+    K_W13, K_W2,                                      /* MMA backend */
+    K_SCATTER_GATHER, K_W13_L, K_W2_L, K_W13_S, K_W2_S, /* SM90 backend */
+    K_COUNT
+};
+static const struct {
+    const char *file, *name;
+    int backend; /* 0: both, else the backend that uses it */
+    int smem;    /* dynamic shared memory the launches ask for */
+} kernel_table[K_COUNT] = {
+    [K_ROUTER] = {"moe/moe.cu", "sc_moe_router_gemm", 0, SC_MOE_SMEM_BYTES},
+    [K_TOPK] = {"moe/moe.cu", "sc_moe_topk", 0, 0},
+    [K_OFFSETS] = {"moe/moe.cu", "sc_moe_offsets", 0, 0},
+    [K_SCATTER] = {"moe/moe.cu", "sc_moe_scatter", SC_MOE_BACKEND_MMA, 0},
+    [K_COMBINE] = {"moe/moe.cu", "sc_moe_combine", 0, 0},
+    [K_W13] = {"moe/moe.cu", "sc_moe_gemm_w13", SC_MOE_BACKEND_MMA, SC_MOE_SMEM_BYTES},
+    [K_W2] = {"moe/moe.cu", "sc_moe_gemm_w2", SC_MOE_BACKEND_MMA, SC_MOE_SMEM_BYTES},
+    [K_SCATTER_GATHER] = {"moe/moe.cu", "sc_moe_scatter_gather", SC_MOE_BACKEND_SM90, 0},
+    [K_W13_L] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_large", SC_MOE_BACKEND_SM90, SM90_SMEM_L},
+    [K_W2_L] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_large", SC_MOE_BACKEND_SM90, SM90_SMEM_L},
+    [K_W13_S] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
+    [K_W2_S] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
 };
 
 /* Workspace buffers, sized for `capacity` tokens. */
 enum {
     W_LOGITS, W_IDS, W_WEIGHTS, W_COUNTS, W_ROW_OFF, W_TILE_OFF, W_CURSOR, W_PERM_TOKEN,
-    W_PERM_WEIGHT, W_POS, W_H, W_Y, W_NO_BIAS, W_COUNT
+    W_PERM_WEIGHT, W_POS, W_H, W_Y, W_NO_BIAS, W_XPERM, W_COUNT
+};
+
+/* The SM90 kernels' two tile shapes and the tensor maps they read through. */
+enum { TILE_L, TILE_S, N_TILES };
+static const struct {
+    int cons, bn;
+} tile_shape[N_TILES] = {
+    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN},
+    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN},
 };
 
 typedef struct sci_moe {
     sci_object obj;
     sci_context *ctx;
     sc_moe_desc desc;
+    sc_moe_backend backend; /* resolved: MMA or SM90 */
     sc_kernel kernels[K_COUNT];
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
     sc_buffer ws[W_COUNT];
+    /* SM90: maps of the weights (made once) and of x_perm and h (made with the workspace). */
+    sc_tensor_map w13_map[N_TILES], w2_map[N_TILES], xperm_map[N_TILES], h_map[N_TILES];
 } sci_moe;
 
 static sc_status moe_destroy(uint64_t id, const char *fn);
@@ -61,6 +97,18 @@ static void free_workspace(sci_moe *m)
     m->capacity = 0;
 }
 
+/* A tensor map of a bf16 [rows, cols] buffer in boxes of box_rows x 64 (128-byte rows, the
+ * 128-byte swizzle), as the SM90 kernels read A and B tiles. */
+static sc_status encode_map(sc_buffer b, uint64_t rows, uint64_t cols, uint32_t box_rows,
+                            sc_tensor_map *map)
+{
+    return sc_tensor_map_encode(sc_view_of(b),
+                                &(sc_tensor_map_desc){.rows = rows, .cols = cols,
+                                                      .box_rows = box_rows, .box_cols = 64,
+                                                      .swizzle = SC_SWIZZLE_128B},
+                                map);
+}
+
 /* (Re)allocate the workspace for `tokens` tokens on stream (stream-ordered). */
 static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, const char *fn)
 {
@@ -85,9 +133,13 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         [W_H] = {SC_BF16, rows * I, "moe h"},
         [W_Y] = {SC_BF16, rows * H, "moe y"},
         [W_NO_BIAS] = {SC_F32, 1, "moe no bias"},
+        [W_XPERM] = {SC_BF16, m->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0,
+                     "moe x in expert order"},
     };
     free_workspace(m);
     for (int i = 0; i < W_COUNT; i++) {
+        if (spec[i].count == 0)
+            continue;
         sc_status s = sc_buffer_create_at((sc_context){m->ctx->obj.id},
                                           &(sc_buffer_desc){.dtype = spec[i].dtype,
                                                             .count = spec[i].count,
@@ -103,6 +155,20 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
             return s;
         }
         sci_buffer_set_internal(m->ws[i]);
+    }
+    if (m->backend == SC_MOE_BACKEND_SM90) {
+        for (int t = 0; t < N_TILES; t++) {
+            sc_status s = encode_map(m->ws[W_XPERM], rows, H, 64 * tile_shape[t].cons,
+                                     &m->xperm_map[t]);
+            if (s == SC_OK)
+                s = encode_map(m->ws[W_H], rows, I, 64 * tile_shape[t].cons, &m->h_map[t]);
+            if (s != SC_OK) {
+                free_workspace(m);
+                sci_error_append(" (while describing the workspace for %llu tokens)",
+                                 (unsigned long long)tokens);
+                return s;
+            }
+        }
     }
     m->capacity = tokens;
     return SC_OK;
@@ -145,6 +211,8 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     sc_moe_desc d = *desc;
     if (d.dtype == SC_DTYPE_INVALID)
         d.dtype = SC_BF16;
+    if ((unsigned)d.backend > SC_MOE_BACKEND_SM90)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d.backend);
     const int E = d.experts, k = d.top_k, H = d.hidden, I = d.intermediate;
     if (d.dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
@@ -168,6 +236,22 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     sc_status s = sci_context_acquire(ctx, fn, &c);
     if (s != SC_OK)
         return s;
+    const bool sm90 = c->props.cc_major == 9 && c->props.cc_minor == 0;
+    if (d.backend == SC_MOE_BACKEND_AUTO)
+        d.backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
+    if (d.backend == SC_MOE_BACKEND_SM90 && !sm90) {
+        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability 9.0; "
+                     "device %d is %d.%d", c->device, c->props.cc_major, c->props.cc_minor);
+        sci_context_release(c);
+        return s;
+    }
+    if (c->props.cc_major < 8) {
+        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
+                     "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
+                     c->props.cc_major, c->props.cc_minor);
+        sci_context_release(c);
+        return s;
+    }
     char shape[96];
     snprintf(shape, sizeof shape, "[E=%d, H=%d]", E, H);
     s = check_weight(d.router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
@@ -193,12 +277,24 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->ctx = c;
     m->desc = d;
     m->desc.label = NULL;
+    m->backend = d.backend;
     pthread_mutex_init(&m->lock, NULL);
-    for (int i = 0; i < K_COUNT && s == SC_OK; i++)
-        s = sci_builtin_kernel(c, "moe/moe.cu", kernel_names[i], fn, &m->kernels[i]);
-    for (int i = K_ROUTER; i < K_COUNT && s == SC_OK; i++)
-        if (i == K_ROUTER || i == K_W13 || i == K_W2)
-            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], SC_MOE_SMEM_BYTES);
+    for (int i = 0; i < K_COUNT && s == SC_OK; i++) {
+        if (kernel_table[i].backend && kernel_table[i].backend != (int)m->backend)
+            continue;
+        s = sci_builtin_kernel(c, kernel_table[i].file, kernel_table[i].name, fn, &m->kernels[i]);
+        if (s == SC_OK && kernel_table[i].smem > 48 * 1024)
+            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], kernel_table[i].smem);
+    }
+    if (s == SC_OK && m->backend == SC_MOE_BACKEND_SM90) {
+        for (int t = 0; t < N_TILES && s == SC_OK; t++) {
+            int bn = tile_shape[t].bn;
+            s = encode_map(d.w13, (uint64_t)E * 2 * I, (uint64_t)H, (uint32_t)bn / 2,
+                           &m->w13_map[t]);
+            if (s == SC_OK)
+                s = encode_map(d.w2, (uint64_t)E * H, (uint64_t)I, (uint32_t)bn, &m->w2_map[t]);
+        }
+    }
     if (s == SC_OK)
         s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
     if (s == SC_OK)
@@ -255,6 +351,62 @@ static sc_view whole(sc_buffer b) { return sc_view_of(b); }
 
 static uint32_t ceil_div(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
 
+/* The steps of a forward, timed when a profile is asked for: an event before each step and
+ * one after the last. */
+typedef struct steps {
+    sc_moe_profile *prof;
+    sc_stream stream;
+    sc_context ctx;
+    sc_event ev[SC_MOE_MAX_STEPS + 1];
+    int n;
+} steps;
+
+static sc_status step(steps *st, const char *name)
+{
+    if (!st->prof)
+        return SC_OK;
+    if (st->n >= SC_MOE_MAX_STEPS)
+        return SC_OK;
+    sc_status s = sc_event_create(st->ctx, &(sc_event_desc){.timing = true}, &st->ev[st->n]);
+    if (s == SC_OK)
+        s = sc_event_record(st->ev[st->n], st->stream);
+    if (s == SC_OK)
+        st->prof->name[st->n++] = name;
+    return s;
+}
+
+/* Close the last step, wait, and fill the profile. Destroys the events either way. */
+static sc_status steps_finish(steps *st, sc_status s)
+{
+    if (!st->prof)
+        return s;
+    sc_event end = {0};
+    if (s == SC_OK && st->n > 0)
+        s = sc_event_create(st->ctx, &(sc_event_desc){.timing = true}, &end);
+    if (s == SC_OK && st->n > 0 && (s = sc_event_record(end, st->stream)) == SC_OK &&
+        (s = sc_event_synchronize(end)) == SC_OK) {
+        st->prof->steps = st->n;
+        for (int i = 0; i < st->n && s == SC_OK; i++)
+            s = sc_event_elapsed(st->ev[i], i + 1 < st->n ? st->ev[i + 1] : end,
+                                 &st->prof->ms[i]);
+        if (s == SC_OK)
+            s = sc_event_elapsed(st->ev[0], end, &st->prof->total_ms);
+    }
+    for (int i = 0; i < st->n; i++)
+        sc_event_destroy(st->ev[i]);
+    if (end.id)
+        sc_event_destroy(end);
+    return s;
+}
+
+/* The tile shape of the SM90 GEMMs for T tokens: the small tile while the average expert
+ * gets few rows (decode), where weight streaming decides, the large one otherwise. */
+static int sm90_tile_for(const sc_moe_desc *d, uint64_t T)
+{
+    uint64_t rows_per_expert = T * (uint64_t)d->top_k / (uint64_t)d->experts;
+    return rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS ? TILE_S : TILE_L;
+}
+
 sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                          const sc_moe_forward_desc *opts)
 {
@@ -266,8 +418,9 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sci_moe *m = (sci_moe *)obj;
     const sc_moe_desc *d = &m->desc;
     const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
+    steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
 
-    /* Check x and out: bf16, same shape [T, H]. */
+    /* Check x and out: bf16, same shape [T, H], 16-byte aligned rows. */
     sc_view xv, ov;
     sc_buffer_props xp, op;
     uint64_t T = 0;
@@ -287,13 +440,22 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                      (unsigned long long)xv.count, (unsigned long long)ov.count, H);
         goto done;
     }
+    if (xv.offset % SC_MOE_ALIGN || ov.offset % SC_MOE_ALIGN) {
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "x starts at element %llu and out at %llu of their buffers: the kernels "
+                     "read and write 16-byte vectors, so both must start at a multiple of %d",
+                     (unsigned long long)xv.offset, (unsigned long long)ov.offset,
+                     SC_MOE_ALIGN);
+        goto done;
+    }
     if (x.buffer.id == out.buffer.id && xv.offset < ov.offset + ov.count &&
         ov.offset < xv.offset + xv.count) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out overlaps x");
         goto done;
     }
     T = xv.count / (uint64_t)H;
-    if (T * (uint64_t)k / SC_MOE_BM + (uint64_t)E > 2000000000ull || T > 0x7fffffffull / k) {
+    if (T * (uint64_t)k / SC_MOE_BM + (uint64_t)E > 2000000000ull || T > 0x7fffffffull / k ||
+        T * (uint64_t)k * (uint64_t)(H > I ? H : I) > (1ull << 46)) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "T = %llu tokens is too many for one forward",
                      (unsigned long long)T);
         goto done;
@@ -312,56 +474,108 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     const uint64_t rows = T * (uint64_t)k;
     const int32_t zero = 0;
     sc_kernel *kn = m->kernels;
+    const bool sm90 = m->backend == SC_MOE_BACKEND_SM90;
     sc_view bias = d->selection_bias.id ? whole(d->selection_bias) : whole(ws[W_NO_BIAS]);
     uint32_t max_m_tiles = ceil_div(rows, SC_MOE_BM) + (uint32_t)E;
     sc_launch_desc gemm_router = {{ceil_div(T, SC_MOE_BM), ceil_div((uint64_t)E, SC_MOE_BN), 1},
                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
     sc_launch_desc topk = {{ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1},
                            {32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 1, 1}, 0};
-    sc_launch_desc one_block = {{1, 1, 1}, {256, 1, 1}, 0};
-    sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0};
-    sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
-                               {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
-    sc_launch_desc gemm_w2 = {{max_m_tiles, ceil_div((uint64_t)H, SC_MOE_BN), 1},
-                              {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
+    sc_launch_desc one_block = {{1, 1, 1}, {SC_MOE_MAX_EXPERTS, 1, 1}, 0};
     sc_launch_desc combine = {{(uint32_t)T, 1, 1}, {SC_MOE_COMBINE_THREADS, 1, 1}, 0};
 
-    if ((s = sc_fill(stream, whole(ws[W_COUNTS]), &zero)) != SC_OK)
+    if ((s = step(&st, "zero counts")) != SC_OK ||
+        (s = sc_fill(stream, whole(ws[W_COUNTS]), &zero)) != SC_OK)
         goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
+    if ((s = step(&st, "router gemm")) != SC_OK ||
+        (s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
                        sc_arg_in(whole(d->router)), sc_arg_out(whole(ws[W_LOGITS])),
                        sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H))) != SC_OK)
         goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])), sc_arg_in(bias),
+    if ((s = step(&st, "scores + top-k")) != SC_OK ||
+        (s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])), sc_arg_in(bias),
                        sc_arg_out(whole(ws[W_IDS])), sc_arg_out(whole(ws[W_WEIGHTS])),
                        sc_arg_inout(whole(ws[W_COUNTS])), sc_arg_i32((int32_t)T), sc_arg_i32(E),
                        sc_arg_i32(k), sc_arg_i32(d->scoring == SC_MOE_SIGMOID),
                        sc_arg_i32(d->renormalize), sc_arg_i32(d->selection_bias.id != 0))) !=
-        SC_OK)
+            SC_OK)
         goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
+    if ((s = step(&st, "offsets")) != SC_OK ||
+        (s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
                        sc_arg_out(whole(ws[W_ROW_OFF])), sc_arg_out(whole(ws[W_TILE_OFF])),
                        sc_arg_out(whole(ws[W_CURSOR])), sc_arg_i32(E))) != SC_OK)
         goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
-                       sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
-                       sc_arg_inout(whole(ws[W_CURSOR])), sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                       sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
-                       sc_arg_i32((int32_t)T), sc_arg_i32(k))) != SC_OK)
-        goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_W13], &gemm_w13, sc_arg_in(xv),
-                       sc_arg_in(whole(ws[W_PERM_TOKEN])), sc_arg_in(whole(d->w13)),
-                       sc_arg_out(whole(ws[W_H])), sc_arg_in(whole(ws[W_TILE_OFF])),
-                       sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
-                       sc_arg_i32(H))) != SC_OK)
-        goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_W2], &gemm_w2, sc_arg_in(whole(ws[W_H])),
-                       sc_arg_in(whole(d->w2)), sc_arg_in(whole(ws[W_PERM_WEIGHT])),
-                       sc_arg_out(whole(ws[W_Y])), sc_arg_in(whole(ws[W_TILE_OFF])),
-                       sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
-                       sc_arg_i32(I))) != SC_OK)
-        goto unlock;
-    if ((s = SC_LAUNCH(stream, kn[K_COMBINE], &combine, sc_arg_in(whole(ws[W_Y])),
+    if (sm90) {
+        const int t = sm90_tile_for(d, T);
+        const int cons = tile_shape[t].cons, bn = tile_shape[t].bn, bm = 64 * cons;
+        const uint32_t sms = (uint32_t)m->ctx->props.sm_count;
+        uint64_t m_tiles = rows / (uint64_t)bm + (uint64_t)E;
+        uint64_t tiles13 = m_tiles * ceil_div((uint64_t)I, (uint64_t)bn / 2);
+        uint64_t tiles2 = m_tiles * ceil_div((uint64_t)H, (uint64_t)bn);
+        sc_launch_desc g13 = {{(uint32_t)(tiles13 < sms ? tiles13 : sms), 1, 1},
+                              {(uint32_t)(128 * (cons + 1)), 1, 1},
+                              (uint32_t)kernel_table[t == TILE_L ? K_W13_L : K_W13_S].smem};
+        sc_launch_desc g2 = {{(uint32_t)(tiles2 < sms ? tiles2 : sms), 1, 1},
+                             {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes};
+        sc_launch_desc scatter = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
+                                  {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0};
+        if ((s = step(&st, "scatter + gather x")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_SCATTER_GATHER], &scatter, sc_arg_in(whole(ws[W_IDS])),
+                           sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
+                           sc_arg_inout(whole(ws[W_CURSOR])),
+                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
+                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
+                           sc_arg_in(xv), sc_arg_out(whole(ws[W_XPERM])),
+                           sc_arg_i32((int32_t)T), sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, t == TILE_L ? "w13 gemm (sm90 large)" : "w13 gemm (sm90 small)")) !=
+                SC_OK ||
+            (s = SC_LAUNCH(stream, kn[t == TILE_L ? K_W13_L : K_W13_S], &g13,
+                           sc_arg_tensor_map_in(&m->xperm_map[t]),
+                           sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(whole(ws[W_H])),
+                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
+                           sc_arg_i32(H))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, t == TILE_L ? "w2 gemm (sm90 large)" : "w2 gemm (sm90 small)")) !=
+                SC_OK ||
+            (s = SC_LAUNCH(stream, kn[t == TILE_L ? K_W2_L : K_W2_S], &g2,
+                           sc_arg_tensor_map_in(&m->h_map[t]),
+                           sc_arg_tensor_map_in(&m->w2_map[t]),
+                           sc_arg_in(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_Y])),
+                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
+                           sc_arg_i32(I))) != SC_OK)
+            goto unlock;
+    } else {
+        sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0};
+        sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
+                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
+        sc_launch_desc gemm_w2 = {{max_m_tiles, ceil_div((uint64_t)H, SC_MOE_BN), 1},
+                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
+        if ((s = step(&st, "scatter")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
+                           sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
+                           sc_arg_inout(whole(ws[W_CURSOR])),
+                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
+                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
+                           sc_arg_i32((int32_t)T), sc_arg_i32(k))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, "w13 gemm (mma)")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_W13], &gemm_w13, sc_arg_in(xv),
+                           sc_arg_in(whole(ws[W_PERM_TOKEN])), sc_arg_in(whole(d->w13)),
+                           sc_arg_out(whole(ws[W_H])), sc_arg_in(whole(ws[W_TILE_OFF])),
+                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
+                           sc_arg_i32(H))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, "w2 gemm (mma)")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_W2], &gemm_w2, sc_arg_in(whole(ws[W_H])),
+                           sc_arg_in(whole(d->w2)), sc_arg_in(whole(ws[W_PERM_WEIGHT])),
+                           sc_arg_out(whole(ws[W_Y])), sc_arg_in(whole(ws[W_TILE_OFF])),
+                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
+                           sc_arg_i32(I))) != SC_OK)
+            goto unlock;
+    }
+    if ((s = step(&st, "combine")) != SC_OK ||
+        (s = SC_LAUNCH(stream, kn[K_COMBINE], &combine, sc_arg_in(whole(ws[W_Y])),
                        sc_arg_in(whole(ws[W_POS])), sc_arg_out(ov), sc_arg_i32((int32_t)T),
                        sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
         goto unlock;
@@ -380,6 +594,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
 unlock:
     pthread_mutex_unlock(&m->lock);
 done:
+    s = steps_finish(&st, s);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
     sci_registry_release(obj);

@@ -8,6 +8,8 @@
 #include "safecuda/moe.h"
 
 static bool quick; /* under compute-sanitizer: fewer and smaller cases */
+static sc_moe_backend backend; /* the GEMMs under test */
+static const char *const backend_name[] = {"auto", "mma", "sm90"};
 
 /* ---- bf16 on the host ------------------------------------------------------------------- */
 
@@ -228,7 +230,8 @@ static double check_forward(sc_context ctx, const model *m, const weights *w, sc
     REQUIRE(sc_fill(SC_DEFAULT_STREAM, sc_view_of(dids), &bad_id) == SC_OK);
     REQUIRE(sc_fill(SC_DEFAULT_STREAM, sc_view_of(dwts), &nan_f) == SC_OK);
     sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
-                                 &(sc_moe_forward_desc){sc_view_of(dids), sc_view_of(dwts)});
+                                 &(sc_moe_forward_desc){.expert_ids = sc_view_of(dids),
+                                                        .expert_weights = sc_view_of(dwts)});
     CHECK_OK(s);
     REQUIRE(sc_copy_to_host(SC_DEFAULT_STREAM, out, T * H * 2, sc_view_of(dout)) == SC_OK);
     REQUIRE(sc_copy_to_host(SC_DEFAULT_STREAM, ids, T * k * 4, sc_view_of(dids)) == SC_OK);
@@ -297,7 +300,8 @@ static double check_forward(sc_context ctx, const model *m, const weights *w, sc
         if (!isfinite(bf2f(out[i])))
             nonfinite++;
     double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
-    printf("%-28s T=%-5llu rel L2 error %.2e%s%s\n", name, (unsigned long long)T, rel,
+    printf("%-5s %-28s T=%-5llu rel L2 error %.2e%s%s\n", backend_name[backend], name,
+           (unsigned long long)T, rel,
            routing_bad ? " ROUTING MISMATCH" : "", nonfinite ? " NON-FINITE OUTPUT" : "");
     CHECK(routing_bad == 0);
     CHECK(nonfinite == 0);
@@ -322,7 +326,8 @@ static sc_moe make_layer(sc_context ctx, const model *m, const weights *w, uint6
                                                     .renormalize = m->renormalize,
                                                     .router = w->drouter, .w13 = w->dw13,
                                                     .w2 = w->dw2, .selection_bias = w->dbias,
-                                                    .max_tokens = max_tokens, .label = "moe"},
+                                                    .max_tokens = max_tokens, .label = "moe",
+                                                    .backend = backend},
                                 &layer);
     REQUIRE(s == SC_OK);
     return layer;
@@ -377,6 +382,27 @@ static void test_repeatable(sc_context ctx)
     CHECK_MSG("H = 1544");
     CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dx), NULL), SC_ERR_INVALID_ARGUMENT);
     CHECK_MSG("overlaps");
+    /* x must start 16-byte aligned (the kernels move 16-byte vectors). */
+    sc_view shifted;
+    REQUIRE(sc_buffer_view(dx, 4, H, &shifted) == SC_OK);
+    sc_view out1;
+    REQUIRE(sc_buffer_view(dout, 0, H, &out1) == SC_OK);
+    CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, shifted, out1, NULL), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("multiple of 8");
+    /* The profile: every step timed, the forward waited for. */
+    sc_moe_profile prof;
+    memset(&prof, 0xff, sizeof prof);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
+                            &(sc_moe_forward_desc){.profile = &prof}));
+    CHECK(prof.steps >= 7 && prof.steps <= SC_MOE_MAX_STEPS);
+    double sum = 0;
+    for (int i = 0; i < prof.steps && i < SC_MOE_MAX_STEPS; i++) {
+        CHECK(prof.name[i] != NULL && prof.ms[i] >= 0.0f);
+        sum += prof.ms[i];
+        printf("  %-24s %8.3f ms\n", prof.name[i] ? prof.name[i] : "?", (double)prof.ms[i]);
+    }
+    CHECK(prof.total_ms > 0.0f && fabs(sum - prof.total_ms) <= 0.01 * prof.total_ms + 0.01);
+
     sc_buffer_destroy(f32);
     /* A destroyed weight buffer makes the layer's forward a stale-handle error. */
     sc_buffer_destroy(w.dw2);
@@ -430,14 +456,8 @@ static void test_bad_descs(sc_context ctx)
     sc_buffer_destroy(r); sc_buffer_destroy(a); sc_buffer_destroy(b); sc_buffer_destroy(f);
 }
 
-int main(void)
+static void run_backend(sc_context ctx)
 {
-    gpu_require();
-    quick = getenv("SAFECUDA_UNDER_SANITIZER") != NULL;
-    sc_context ctx;
-    REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
-
-    test_bad_descs(ctx);
 
     const uint64_t odd_T[] = {1, 7, 129, 1000};
     model odd = {40, 3, 1544, 648, SC_MOE_SOFTMAX, true, false, false};
@@ -460,7 +480,41 @@ int main(void)
         run_model(ctx, "olmoe", olmoe, small_T, 1, 0, 23);
         run_model(ctx, "deepseek-v3", dsv3, small_T, 1, 0, 24);
     }
+    /* Prefill-sized: more than 128 rows per expert, several M tiles each (the large SM90
+     * tile), the reference on a sample of the tokens. */
+    if (!quick) {
+        const uint64_t big_T[] = {2048};
+        model qwen3 = {128, 8, 2048, 768, SC_MOE_SOFTMAX, true, false, false};
+        model olmoe = {64, 8, 2048, 1024, SC_MOE_SOFTMAX, false, false, false};
+        run_model(ctx, "qwen3-30b-a3b", qwen3, big_T, 1, 0, 25);
+        run_model(ctx, "olmoe", olmoe, big_T, 1, 0, 26);
+        const uint64_t odd_big_T[] = {3001};
+        run_model(ctx, "odd E=40 k=3 H=1544 I=648", odd, odd_big_T, 1, 0, 27);
+    } else {
+        const uint64_t odd_big_T[] = {2000};
+        run_model(ctx, "odd E=40 k=3 H=1544 I=648", odd, odd_big_T, 1, 0, 27);
+    }
     test_repeatable(ctx);
+}
+
+int main(void)
+{
+    gpu_require();
+    quick = getenv("SAFECUDA_UNDER_SANITIZER") != NULL;
+    sc_context ctx;
+    REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
+    sc_device_props props;
+    REQUIRE(sc_device_info(0, &props) == SC_OK);
+
+    test_bad_descs(ctx);
+    backend = SC_MOE_BACKEND_MMA;
+    run_backend(ctx);
+    if (props.cc_major == 9 && props.cc_minor == 0) {
+        backend = SC_MOE_BACKEND_SM90;
+        run_backend(ctx);
+    } else {
+        printf("sm90 backend: not tested (device is sm_%d%d)\n", props.cc_major, props.cc_minor);
+    }
 
     size_t live = 0;
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));

@@ -144,12 +144,17 @@ static void test_builtins(void)
         if (!ends_with(name, ".cu"))
             continue;
         n_cu++;
+        /* Files named *_sm90a.cu use sm_90a instructions (wgmma, setmaxnreg): sm_90a only. */
+        const bool sm90a = ends_with(name, "_sm90a.cu");
         for (size_t a = 0; a < sizeof arches / sizeof arches[0]; a++) {
+            if (sm90a && arches[a] != 90)
+                continue;
             sc_program_desc d = {.source = sci_builtin_sources[i].source,
                                  .name = name,
                                  .headers = headers,
                                  .n_headers = n_headers,
-                                 .arch = arches[a]};
+                                 .arch = arches[a],
+                                 .arch_specific = sm90a};
             sc_program p = {0};
             sc_program_props props;
             double t0 = now_ms();
@@ -168,6 +173,10 @@ static void test_builtins(void)
         CHECK_OK(sci_builtin_program((sc_context){0}, name, 90, &p));
         if (p.id)
             destroy(p);
+        if (sm90a) { /* and nowhere else */
+            CHECK_STATUS(sci_builtin_program((sc_context){0}, name, 80, &p), SC_ERR_NOT_SUPPORTED);
+            CHECK_MSG("sm_90a");
+        }
     }
     CHECK(n_cu > 0);
 }

@@ -1,0 +1,469 @@
+// The Mixture-of-Experts grouped GEMMs for Hopper (sm_90a): warp-specialized, persistent,
+// fed by the bulk tensor copy engine (TMA) through a ring of shared-memory stages, computed
+// by warpgroup MMAs (wgmma, bf16 in, fp32 accumulate). kernels/moe/moe.cu does the routing
+// (router, top-k, offsets, the permutation that also gathers x into expert order) and the
+// combine; these kernels replace its mma.sync GEMMs on sm_90.
+//
+// A CTA has 1 producer warpgroup (one thread issues the TMA copies) and CONS consumer
+// warpgroups; each consumer owns 64 rows of the BM = 64 * CONS row tile and all BN columns.
+// Stage s of the ring holds an A tile [BM x 64] and a B tile [BN x 64] of bf16, each row 128
+// bytes in the 128-byte swizzle that TMA writes and wgmma reads. full[s] completes when the
+// copies land (transaction bytes); empty[s] when every consumer is done with the stage.
+//
+// Tiles: the M tiles of every expert in turn (row_offsets / BM per expert) times the N
+// tiles; CTAs take tiles t = blockIdx.x, + gridDim.x, ... in a grouped order (GROUP_M M
+// tiles share each N tile) so that one expert's weight tile is read from memory once and
+// served to the M tiles from L2. Rows of a tile past its expert's last row belong to the next
+// expert (or lie past the end, read as zeros): they are computed and not stored.
+//
+// Deterministic: every output element is one thread's fixed sequence of MMAs over K.
+//
+// Tuning parameters: moe/moe_config.cuh (SC_MOE_SM90_*).
+
+#include "moe/moe_config.cuh"
+
+typedef unsigned short bf16_t;
+
+// A CUtensorMap as the kernel receives it (128 bytes, by value, __grid_constant__).
+struct __align__(64) tmap_t {
+    unsigned long long v[16];
+};
+
+// ---- PTX wrappers ----------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// A box of the 2-D tensor map at (column c0, row c1) into shared memory; completes on bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const tmap_t *map, int c0, int c1,
+                                            unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const tmap_t *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)map) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory matrix descriptor: K-major rows of 128 bytes in the 128-byte swizzle, 8-row
+// groups 1024 bytes apart. The tile starts 1024-byte aligned; stepping K by 16 elements
+// adds 32 bytes to the start address.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr)
+{
+    unsigned long long d = 0;
+    d |= (unsigned long long)((addr & 0x3ffff) >> 4);
+    d |= (unsigned long long)1 << 16;            // leading byte offset (unused when swizzled)
+    d |= (unsigned long long)(1024 >> 4) << 32;  // stride byte offset: 8 rows x 128 bytes
+    d |= (unsigned long long)1 << 62;            // 128-byte swizzle
+    return d;
+}
+
+// D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, both operands in shared memory (K-major,
+// 128-byte swizzle); scale_d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n64k16(float *d, unsigned long long da,
+                                                  unsigned long long db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, both operands in shared memory (K-major,
+// 128-byte swizzle); scale_d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n128k16(float *d, unsigned long long da,
+                                                  unsigned long long db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T, both operands in shared memory (K-major,
+// 128-byte swizzle); scale_d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n256k16(float *d, unsigned long long da,
+                                                  unsigned long long db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+
+template <int BN> __device__ __forceinline__ void wgmma_tile(float *d, unsigned long long da,
+                                                             unsigned long long db, int scale_d);
+template <> __device__ __forceinline__ void wgmma_tile<64>(float *d, unsigned long long da,
+                                                           unsigned long long db, int scale_d)
+{
+    wgmma_m64n64k16(d, da, db, scale_d);
+}
+template <> __device__ __forceinline__ void wgmma_tile<128>(float *d, unsigned long long da,
+                                                            unsigned long long db, int scale_d)
+{
+    wgmma_m64n128k16(d, da, db, scale_d);
+}
+template <> __device__ __forceinline__ void wgmma_tile<256>(float *d, unsigned long long da,
+                                                            unsigned long long db, int scale_d)
+{
+    wgmma_m64n256k16(d, da, db, scale_d);
+}
+
+// Two floats to packed bf16 (round to nearest even): lo in the low half.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- the tile schedule ---------------------------------------------------------------------
+
+struct tile_t {
+    int e;       // expert
+    int row0;    // first row (in expert order) of the tile
+    int row_end; // the expert's end row
+    int n;       // N tile
+};
+
+// Tile t of m_total x n_tiles in the grouped order, its expert found in the tile offsets
+// (shared memory). False past the last tile.
+template <int BM>
+__device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, const int *tile_off,
+                                         const int *row_off, int E, tile_t &tl)
+{
+    if (t >= m_total * n_tiles)
+        return false;
+    const int per_group = SC_MOE_SM90_GROUP_M * n_tiles;
+    const int group = t / per_group, first_m = group * SC_MOE_SM90_GROUP_M;
+    const int gm = min(SC_MOE_SM90_GROUP_M, m_total - first_m);
+    const int within = t - group * per_group;
+    const int m = first_m + within % gm;
+    tl.n = within / gm;
+    int lo = 0, hi = E - 1; // the last expert whose first tile is <= m
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tile_off[mid] <= m)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    tl.e = lo;
+    tl.row0 = row_off[lo] + (m - tile_off[lo]) * BM;
+    tl.row_end = row_off[lo + 1];
+    return true;
+}
+
+// ---- the kernel body -------------------------------------------------------------------------
+//
+// MODE_W13: A = x in expert order [R, H], B = W13 [E * 2I, H]; a tile's B rows are BN/2 gate
+//           rows (W1) then the BN/2 up rows (W3) of the same columns; out = h [R, I] with
+//           h = silu(gate) * up, BN/2 columns per tile.
+// MODE_W2:  A = h [R, I], B = W2 [E * H, I]; out = y [R, H] = weight(row) * (h W2^T), BN
+//           columns per tile.
+enum { MODE_W13 = 0, MODE_W2 = 1 };
+
+template <int CONS, int BN, int STAGES> struct cfg {
+    static constexpr int BM = 64 * CONS;
+    static constexpr int THREADS = 128 * (CONS + 1);
+    static constexpr int A_BYTES = BM * 128;
+    static constexpr int B_BYTES = BN * 128;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int SMEM = SC_MOE_SM90_SMEM(CONS, BN, STAGES);
+};
+
+template <int MODE, int CONS, int BN, int STAGES>
+__device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *b_map,
+                                             bf16_t *out, const float *row_weight,
+                                             const int *row_offsets, int E, int N, int K,
+                                             int b_rows_per_expert)
+{
+    typedef cfg<CONS, BN, STAGES> C;
+    constexpr int BM = C::BM;
+    extern __shared__ unsigned char smem_raw[];
+    // The ring, 1024-byte aligned for the 128-byte swizzle.
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    unsigned char *base_ptr = smem_raw + (base - smem_u32(smem_raw));
+    const unsigned ring = base;
+    const unsigned full_bar = ring + STAGES * C::STAGE_BYTES;
+    const unsigned empty_bar = full_bar + STAGES * 8;
+    int *tile_off = reinterpret_cast<int *>(base_ptr + STAGES * C::STAGE_BYTES + 2 * STAGES * 8);
+    int *row_off = tile_off + SC_MOE_MAX_EXPERTS + 1;
+
+    const int tid = threadIdx.x;
+    // The offsets: rows per expert from row_offsets, M tiles per expert scanned (one warp
+    // per 32 experts, then a scan of the warp totals by warp 0).
+    __shared__ int warp_sums[SC_MOE_MAX_EXPERTS / 32];
+    for (int e = tid; e <= E; e += C::THREADS)
+        row_off[e] = row_offsets[e];
+    __syncthreads();
+    {
+        const int lane = tid & 31, w = tid >> 5;
+        int v = 0;
+        if (tid < E)
+            v = (row_off[tid + 1] - row_off[tid] + BM - 1) / BM;
+        int incl = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            int u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += u;
+        }
+        if (lane == 31 && w < SC_MOE_MAX_EXPERTS / 32)
+            warp_sums[w] = incl;
+        __syncthreads();
+        if (w == 0) {
+            int s = lane < SC_MOE_MAX_EXPERTS / 32 && lane * 32 < E ? warp_sums[lane] : 0;
+            for (int o = 1; o < 32; o <<= 1) {
+                int u = __shfl_up_sync(0xffffffffu, s, o);
+                if (lane >= o)
+                    s += u;
+            }
+            if (lane < SC_MOE_MAX_EXPERTS / 32)
+                warp_sums[lane] = s; // inclusive over warps
+        }
+        __syncthreads();
+        if (tid < E)
+            tile_off[tid] = incl - v + (w > 0 ? warp_sums[w - 1] : 0);
+        if (tid == 0)
+            tile_off[E] = warp_sums[(E - 1) >> 5];
+    }
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full_bar + s * 8, 1);
+            mbar_init(empty_bar + s * 8, CONS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int m_total = tile_off[E];
+    const int n_tiles = MODE == MODE_W13 ? (N + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
+    const int k_tiles = (K + 63) / 64;
+    const int wg = tid >> 7;
+
+    if (wg == 0) {
+        // ---- producer ----
+        if (CONS > 1) // free registers for the consumers (one consumer has plenty)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            tma_prefetch_map(a_map);
+            tma_prefetch_map(b_map);
+            int it = 0;
+            tile_t tl;
+            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, tile_off, row_off, E, tl);
+                 t += gridDim.x) {
+                const int b_row = tl.e * b_rows_per_expert +
+                                  (MODE == MODE_W13 ? tl.n * (BN / 2) : tl.n * BN);
+                for (int kt = 0; kt < k_tiles; kt++, it++) {
+                    const int s = it % STAGES;
+                    const unsigned ph = (unsigned)(it / STAGES) & 1u;
+                    mbar_wait(empty_bar + s * 8, ph ^ 1u);
+                    const unsigned fb = full_bar + s * 8;
+                    const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
+                    mbar_expect_tx(fb, C::STAGE_BYTES);
+                    tma_load_2d(sa, a_map, kt * 64, tl.row0, fb);
+                    if (MODE == MODE_W13) {
+                        tma_load_2d(sb, b_map, kt * 64, b_row, fb);
+                        tma_load_2d(sb + (BN / 2) * 128, b_map, kt * 64, b_row + N, fb);
+                    } else {
+                        tma_load_2d(sb, b_map, kt * 64, b_row, fb);
+                    }
+                }
+            }
+        }
+    } else {
+        // ---- consumers ----
+        if (CONS > 1)
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1;               // this warpgroup's 64 rows of the tile
+        const int wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            acc[i] = 0.f;
+        int it = 0;
+        tile_t tl;
+        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, tile_off, row_off, E, tl);
+             t += gridDim.x) {
+            int prev = -1;
+            for (int kt = 0; kt < k_tiles; kt++, it++) {
+                const int s = it % STAGES;
+                const unsigned ph = (unsigned)(it / STAGES) & 1u;
+                mbar_wait(full_bar + s * 8, ph);
+                const unsigned sa = ring + s * C::STAGE_BYTES + c * 64 * 128;
+                const unsigned sb = ring + s * C::STAGE_BYTES + C::A_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_tile<BN>(acc, smem_desc(sa + kk * 32), smem_desc(sb + kk * 32),
+                                   kt > 0 || kk > 0);
+                wgmma_commit();
+                wgmma_wait<1>(); // the previous stage's MMAs are done: give it back
+                if (prev >= 0 && wtid == 0)
+                    mbar_arrive(empty_bar + prev * 8);
+                prev = s;
+            }
+            wgmma_wait<0>();
+            if (prev >= 0 && wtid == 0)
+                mbar_arrive(empty_bar + prev * 8);
+
+            // ---- epilogue: registers to global ----
+            // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for odd q).
+            const int r0 = tl.row0 + c * 64 + warp * 16 + (lane >> 2);
+            const int cl = 2 * (lane & 3);
+            if (MODE == MODE_W13) {
+                const int col0 = tl.n * (BN / 2);
+#pragma unroll
+                for (int f = 0; f < BN / 16; f++) {
+                    const int col = col0 + f * 8 + cl;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = r0 + 8 * h;
+                        if (row < tl.row_end && col < N) {
+                            float g0 = acc[f * 4 + 2 * h], g1 = acc[f * 4 + 2 * h + 1];
+                            float u0 = acc[(f + BN / 16) * 4 + 2 * h];
+                            float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1];
+                            float h0 = g0 / (1.f + __expf(-g0)) * u0;
+                            float h1 = g1 / (1.f + __expf(-g1)) * u1;
+                            *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
+                                pack_bf16x2(h0, h1);
+                        }
+                    }
+                }
+            } else {
+                const int col0 = tl.n * BN;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = r0 + 8 * h;
+                    if (row >= tl.row_end)
+                        continue;
+                    const float w = row_weight[row];
+#pragma unroll
+                    for (int f = 0; f < BN / 8; f++) {
+                        const int col = col0 + f * 8 + cl;
+                        if (col < N)
+                            *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
+                                pack_bf16x2(acc[f * 4 + 2 * h] * w, acc[f * 4 + 2 * h + 1] * w);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- the kernels -------------------------------------------------------------------------------
+//
+// The tensor maps are passed with sc_arg_tensor_map_in, which checks and orders their views
+// like view arguments. Grid: at most one CTA per SM (persistent); block: 128 * (CONS + 1)
+// threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES).
+
+#define SC_MOE_SM90_KERNELS(NAME, CONS, BN, STAGES)                                          \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+        sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
+                               const __grid_constant__ tmap_t b_map, bf16_t *h,                \
+                               const int *row_offsets, int E, int I, int H)                    \
+    {                                                                                          \
+        grouped_gemm<MODE_W13, CONS, BN, STAGES>(&a_map, &b_map, h, nullptr, row_offsets, E,   \
+                                                 I, H, 2 * I);                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+        sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
+                              const __grid_constant__ tmap_t b_map, const float *perm_weight,  \
+                              bf16_t *y, const int *row_offsets, int E, int H, int I)          \
+    {                                                                                          \
+        grouped_gemm<MODE_W2, CONS, BN, STAGES>(&a_map, &b_map, y, perm_weight, row_offsets,   \
+                                                E, H, I, H);                                   \
+    }
+
+SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
+SC_MOE_SM90_KERNELS(small, SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
