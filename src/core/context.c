@@ -63,13 +63,14 @@ sc_status sci_context_fail_cu(sci_context *c, CUresult r, const char *fn, const 
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     if (sci_cu_error_is_sticky(r)) {
-        pthread_mutex_lock(&c->lock);
+        /* Not c->lock: callers may hold it (sci_context_default_stream does). */
+        pthread_mutex_lock(&c->lost_lock);
         if (!atomic_load(&c->lost)) {
             snprintf(c->lost_message, sizeof c->lost_message, "%s: %s: %s (%s)", fn, what,
                      sci_cu_error_name(r), sci_cu_error_string(r));
             atomic_store(&c->lost, true);
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->lost_lock);
         return lost_error(c, fn);
     }
     return sci_fail_cu(r, fn, "%s", what);
@@ -133,6 +134,7 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
     c->vram_budget = d.vram_budget;
     c->tracking = !d.disable_event_tracking;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->lost_lock, NULL);
     s = sci_device_props(d.device, dev, fn, &c->props);
     if (s != SC_OK)
         goto fail_free;
@@ -157,6 +159,7 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
 fail_release:
     sci_cuDevicePrimaryCtxRelease(dev);
 fail_free:
+    pthread_mutex_destroy(&c->lost_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return s;
@@ -219,6 +222,7 @@ sc_status sc_context_destroy(sc_context h)
         teardowns[i].fn(c);
     sci_cuCtxSetCurrent(NULL);
     sci_cuDevicePrimaryCtxRelease(c->cu_device);
+    pthread_mutex_destroy(&c->lost_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
     if (leaked && result == SC_OK)

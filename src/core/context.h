@@ -26,8 +26,11 @@ typedef struct sci_context {
     CUmemoryPool pool;           /* created by src/memory/ on first use */
     uint64_t default_stream_id;  /* created by src/stream/ on first use */
 
+    /* Health. lost_lock guards only the marking (never held across another call), so a
+     * context can be marked lost from code that holds any other lock, lock included. */
+    pthread_mutex_t lost_lock;
     atomic_bool lost;
-    char lost_message[1024];
+    char lost_message[1024]; /* written once, before lost is set; read after */
 } sci_context;
 
 /* Look a context up, take a reference, check that it is not lost and make it current on
@@ -39,7 +42,8 @@ void sci_context_release(sci_context *c);
 sc_status sci_context_enter(sci_context *c, const char *fn);
 
 /* A driver call on c failed. A sticky error marks c lost (the message keeps the original
- * error); the status and message are set as sci_fail_cu does. */
+ * error); the status and message are set as sci_fail_cu does. Safe to call with c->lock
+ * (or any other library lock) held. */
 sc_status sci_context_fail_cu(sci_context *c, CUresult r, const char *fn, const char *fmt, ...)
     SCI_PRINTF(4, 5);
 

@@ -80,6 +80,8 @@ sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc, sc_str
 
 sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream **out)
 {
+    /* Held across create(), so two threads can't both create it. create() may mark the
+     * context lost on its way out: that takes only c->lost_lock. */
     pthread_mutex_lock(&c->lock);
     uint64_t id = c->default_stream_id;
     if (id == 0) {

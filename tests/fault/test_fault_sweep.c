@@ -62,36 +62,6 @@ static const struct {
     {"cuMemPoolDestroy", 5}, {"cuDevicePrimaryCtxRelease", 6},
 };
 
-/* Library bugs this sweep found that are not fixed yet. Their injection points are
- * skipped (loudly) so the sweep can check everything else; FAULT_SWEEP_KNOWN_BUGS=1 runs
- * them too (a watchdog turns a hang into a failure). Each has a minimal reproduction in
- * test_fault_known_bugs.c. Remove an entry once its bug is fixed. */
-static const struct {
-    const char *entry;    /* the entry point the fault hits */
-    const char *not_step; /* ... unless the failing step is this public function */
-    bool sticky_only;
-    const char *what;
-} known_bugs[] = {
-    {"cuCtxGetStreamPriorityRange", "sc_stream_create", true,
-     "sci_context_default_stream holds the context lock across create(), whose "
-     "sci_context_fail_cu takes it again on a sticky error: self-deadlock"},
-    {"cuStreamCreateWithPriority", "sc_stream_create", true,
-     "sci_context_default_stream holds the context lock across create(), whose "
-     "sci_context_fail_cu takes it again on a sticky error: self-deadlock"},
-};
-
-static const char *known_bug(const char *entry, const char *step_fn, bool sticky)
-{
-    if (!entry || getenv("FAULT_SWEEP_KNOWN_BUGS"))
-        return NULL;
-    for (size_t i = 0; i < sizeof known_bugs / sizeof known_bugs[0]; i++)
-        if (strcmp(entry, known_bugs[i].entry) == 0 &&
-            (!known_bugs[i].not_step || strcmp(step_fn, known_bugs[i].not_step) != 0) &&
-            (sticky || !known_bugs[i].sticky_only))
-            return known_bugs[i].what;
-    return NULL;
-}
-
 /* The watchdog: a run that hangs (a deadlock) fails the test instead of stalling CI. */
 static volatile sig_atomic_t watch_n, watch_e;
 static void on_alarm(int sig)
@@ -117,7 +87,7 @@ static long *counter(fake_counts *c, int i)
 static struct {
     uint64_t injected, first_fail, absorbed, named_entry, named_fn, refused_releases,
         swallowed_releases, reclaimed, reuse_ok, lost_ok, destroy_leaked, destroy_lost,
-        fresh_ok, launch_param_info, leaks, skipped;
+        fresh_ok, launch_param_info, leaks;
 } st;
 
 static int failures_before(void) { return test_failures; }
@@ -186,10 +156,6 @@ static bool is_stale(fp_world *w, fp_object o)
         test_failures++;                                                                   \
     } while (0)
 
-/* What the first (out-of-memory) run at a call learned: the entry point and step. */
-static const char *probe_entry;
-static const char *probe_step;
-
 static void sweep_one(uint64_t n, int ei)
 {
     const int error = errors[ei].error;
@@ -199,15 +165,6 @@ static void sweep_one(uint64_t n, int ei)
     fake.set_reclaim_on_release(sticky);
     long reclaimed0 = fake.reclaimed_allocations();
 
-    if (ei > 0) {
-        const char *bug = known_bug(probe_entry, probe_step ? probe_step : "", sticky);
-        if (bug) {
-            printf("SKIPPED call %llu (%s in %s) with %s: known library bug: %s\n",
-                   (unsigned long long)n, probe_entry, probe_step, errors[ei].name, bug);
-            st.skipped++;
-            return;
-        }
-    }
     static fp_world w;
     fp_init(&w);
     watch_n = (sig_atomic_t)n;
@@ -225,10 +182,6 @@ static void sweep_one(uint64_t n, int ei)
     bool fired = sci_fault_fired();
     const char *fault_name = sci_fault_last_name();
     sci_fault_disarm();
-    if (ei == 0) {
-        probe_entry = fault_name;
-        probe_step = fp_step_fn[step < FP_STEPS ? step : FP_STEPS - 1];
-    }
     if (!fired) {
         step = step < FP_STEPS ? step : FP_STEPS - 1;
         FAILF("the fault never fired (the program's driver calls are not deterministic)");
@@ -454,12 +407,9 @@ int main(int argc, char **argv)
            "launches refused after a cuFuncGetParamInfo fault: %llu; fresh contexts: %llu\n",
            (unsigned long long)st.destroy_leaked, (unsigned long long)st.destroy_lost,
            (unsigned long long)st.launch_param_info, (unsigned long long)st.fresh_ok);
-    if (st.skipped)
-        printf("SKIPPED %llu injections at known library bugs (listed above)\n",
-               (unsigned long long)st.skipped);
     printf("fault sweep: %llu calls x 3 errors = %llu injected faults, %llu leaks "
-           "(%d failed checks, %llu skipped as known bugs, %.1f s)\n",
+           "(%d failed checks, %.1f s)\n",
            (unsigned long long)calls, (unsigned long long)st.injected,
-           (unsigned long long)st.leaks, test_failures, (unsigned long long)st.skipped, secs);
+           (unsigned long long)st.leaks, test_failures, secs);
     return test_result("test_fault_sweep");
 }
