@@ -285,16 +285,24 @@ out:
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
-static void read_params(sci_kernel *k)
+/* The kernel's parameter sizes. cuFuncGetParamInfo answers CUDA_ERROR_INVALID_VALUE for
+ * the index past the last parameter: that ends the list. Any other error is a failure
+ * (a kernel that believed it takes fewer parameters would refuse every correct launch). */
+static sc_status read_params(sci_kernel *k, const char *fn)
 {
     k->n_params = -1;
     if (!sci_driver_has_param_info())
-        return;
+        return SC_OK;
     int n = 0;
     for (; n < SCI_MAX_PARAMS; n++) {
         size_t off = 0, size = 0;
-        if (sci_cuFuncGetParamInfo(k->fn, (size_t)n, &off, &size) != CUDA_SUCCESS)
+        CUresult r = sci_cuFuncGetParamInfo(k->fn, (size_t)n, &off, &size);
+        if (r == CUDA_ERROR_INVALID_VALUE)
             break;
+        if (r != CUDA_SUCCESS)
+            return sci_context_fail_cu(k->ctx, r, fn,
+                                       "cuFuncGetParamInfo('%s', parameter %d) failed",
+                                       k->display, n);
         k->param_size[n] = (uint32_t)size;
     }
     k->n_params = n;
@@ -302,6 +310,7 @@ static void read_params(sci_kernel *k)
         int typed = sci_demangle_params(k->name, k->types, SCI_MAX_PARAMS);
         k->typed = typed == n;
     }
+    return SC_OK;
 }
 
 sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const char *file,
@@ -346,9 +355,13 @@ sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const c
         return sci_context_fail_cu(m->ctx, r, fn, "cuFuncGetAttribute('%s')", name);
     }
     atomic_store(&k->max_dynamic_shared, dyn);
-    read_params(k);
+    sc_status s = read_params(k, fn);
+    if (s != SC_OK) {
+        free(k);
+        return s;
+    }
     k->obj.internal = internal;
-    sc_status s = sci_registry_insert(&k->obj, SCI_KIND_KERNEL, m->ctx->obj.id, name, file, line,
+    s = sci_registry_insert(&k->obj, SCI_KIND_KERNEL, m->ctx->obj.id, name, file, line,
                                       fn);
     if (s != SC_OK) {
         free(k);
