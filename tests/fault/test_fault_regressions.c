@@ -1,10 +1,8 @@
-/* Minimal reproductions of library bugs the fault sweep found (fake driver). Each case
- * asserts the CORRECT behaviour, so it fails while the bug is there; CTest runs them with
- * WILL_FAIL (tests/fault/CMakeLists.txt): remove a case's WILL_FAIL once its bug is fixed,
- * and its entry in test_fault_sweep.c's known_bugs table.
+/* Regression tests for library bugs the fault sweep (test_fault_sweep.c) found, one case a
+ * CTest test (test_fault_regression_<case>, tests/fault/CMakeLists.txt):
  *
- *   test_fault_known_bugs default-stream-deadlock
- *   test_fault_known_bugs param-info-error
+ *   test_fault_regressions default-stream-deadlock
+ *   test_fault_regressions param-info-error
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include <pthread.h>
@@ -16,10 +14,11 @@
 #include "fake_control.h"
 #include "fake_ptx.h"
 
-/* src/stream/stream.c: sci_context_default_stream() holds ctx->lock while create() runs;
- * when cuCtxGetStreamPriorityRange or cuStreamCreateWithPriority fails with a sticky
- * error, create() calls sci_context_fail_cu(), which locks ctx->lock again: the thread
- * deadlocks on itself. Expected: SC_ERR_CONTEXT_LOST. */
+/* src/stream/stream.c: sci_context_default_stream() held ctx->lock while create() ran;
+ * when cuCtxGetStreamPriorityRange or cuStreamCreateWithPriority failed with a sticky
+ * error, create() called sci_context_fail_cu(), which locked ctx->lock again: the thread
+ * deadlocked on itself. Fixed: marking a context lost takes a lock of its own. Expected:
+ * SC_ERR_CONTEXT_LOST, no hang. */
 static atomic_int done;
 static atomic_int result;
 
@@ -56,12 +55,12 @@ static void default_stream_deadlock(void)
     CHECK(d == SC_OK || d == SC_ERR_CONTEXT_LOST);
 }
 
-/* src/launch/module.c: read_params() takes ANY failure of cuFuncGetParamInfo for the end
- * of the parameter list. A transient error (here out of memory on the second call) gives a
- * kernel handle that believes the kernel takes 1 parameter: sc_kernel_get says SC_OK and
- * every correct launch of it is refused with SC_ERR_LAUNCH for good; a sticky error there
- * does not mark the context lost. Expected: only CUDA_ERROR_INVALID_VALUE ends the list;
- * other errors fail sc_kernel_get with their status. */
+/* src/launch/module.c: read_params() took ANY failure of cuFuncGetParamInfo for the end
+ * of the parameter list. A transient error (here out of memory on the second call) gave a
+ * kernel handle that believed the kernel takes 1 parameter: sc_kernel_get said SC_OK and
+ * every correct launch of it was refused with SC_ERR_LAUNCH for good; a sticky error there
+ * did not mark the context lost. Fixed, expected: only CUDA_ERROR_INVALID_VALUE ends the
+ * list; other errors fail sc_kernel_get with their status. */
 static void param_info_error(void)
 {
     sc_context ctx;
