@@ -24,8 +24,14 @@ static void describe_kernel(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "%.90s", k->display);
 }
 
-static void destroy_leaked_module(uint64_t id) { module_destroy(id, "sc_context_destroy"); }
-static void destroy_leaked_kernel(uint64_t id) { kernel_remove(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_module(uint64_t id)
+{
+    return module_destroy(id, "sc_context_destroy");
+}
+static sc_status destroy_leaked_kernel(uint64_t id)
+{
+    return kernel_remove(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops module_ops = {"module", describe_module, destroy_leaked_module};
 static const sci_kind_ops kernel_ops = {"kernel", describe_kernel, destroy_leaked_kernel};
@@ -88,7 +94,7 @@ sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool 
     m->obj.internal = internal;
     sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, NULL, file, line, fn);
     if (s != SC_OK) {
-        sci_cuModuleUnload(m->cu);
+        s = sci_context_cleanup_cu(c, s, sci_cuModuleUnload(m->cu), "cuModuleUnload");
         free_names(m->n_names, m->exprs, m->lowered);
         free(m);
         return s;
@@ -224,11 +230,13 @@ static sc_status module_destroy(uint64_t id, const char *fn)
             kernel_remove(ids[i], fn);
     }
     free(ids);
-    sci_cuCtxSetCurrent(m->ctx->cu);
-    sci_cuModuleUnload(m->cu);
+    sci_release rl;
+    sci_release_begin(&rl, m->ctx, fn);
+    sci_release_make_current(&rl);
+    sci_release_check(&rl, sci_cuModuleUnload(m->cu), "cuModuleUnload failed");
     free_names(m->n_names, m->exprs, m->lowered);
     free(m);
-    return SC_OK;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_module_destroy(sc_module module)

@@ -10,15 +10,21 @@
  *     whose INVALID_VALUE is an answer, see below), SC_ERR_CONTEXT_LOST;
  *   - leave a message that starts with "sc_", names the public function or the entry point,
  *     and quotes the CUDA error;
- * then: a non-sticky error leaves the context usable (a round trip on it succeeds); a
- * sticky one leaves it lost (sc_context_check says so); everything is cleaned up through
- * the public API (sc_context_destroy may answer SC_ERR_LEAKED or SC_ERR_CONTEXT_LOST,
- * never crash); no handle is left in the registry and the fake driver holds nothing more
- * than at the start; a fresh context works.
+ * then: a non-sticky error leaves the context usable (a round trip on it succeeds) and its
+ * accounting honest (sc_context_memory counts the live buffers, plus the memory of a free
+ * the driver refused); a sticky one leaves it lost (sc_context_check says so); everything is
+ * cleaned up through the public API, every destroy answering SC_OK (on a lost context too);
+ * no handle is left in the registry and the fake driver holds nothing more than at the
+ * start; a fresh context works.
  *
- * Two things a library can't do better, accounted for and reported, not failed:
- *   - a release entry point (cuMemFreeAsync, cuStreamDestroy, ...) that fails keeps its
- *     object in the driver: that one object stays allocated in the fake;
+ * A run may complete with the fault absorbed only where the library documents that it
+ * tolerates a failure (the absorbable table below) and only for a non-sticky error: a
+ * sticky error always loses the context, and a failed release (cuMemFreeAsync,
+ * cuStreamDestroy, ...) is always reported by its destroy.
+ *
+ * Two things a library can't do better, accounted for, not failed:
+ *   - a release entry point that fails keeps its object in the driver: that one object
+ *     stays allocated in the fake (the destroy reports it; the handle is gone);
  *   - after a sticky error the lost context's device memory is not freed call by call:
  *     the library leaves it to the primary context's last release, which (as in CUDA)
  *     frees it. The fake does that only in sticky runs (fake_cuda_set_reclaim_on_release)
@@ -62,6 +68,32 @@ static const struct {
     {"cuMemPoolDestroy", 5}, {"cuDevicePrimaryCtxRelease", 6},
 };
 
+/* Entry points whose non-sticky failure the library tolerates (docs/RELIABILITY.md), so a
+ * run may complete with the fault absorbed; error 0 means any non-sticky error. */
+static const struct {
+    const char *name;
+    int error;
+    const char *why;
+} absorbable[] = {
+    {"cuCtxGetCurrent", 0, "the context is then made current with cuCtxSetCurrent"},
+    {"cuCtxSetCurrent", 0, "sc_context_destroy's last cuCtxSetCurrent(NULL)"},
+    {"cuDeviceGetAttribute", 0, "the optional ECC and memory-pool flags"},
+    {"cuEventCreate", 0, "an eager ordering event: recorded later, when needed"},
+    {"cuEventRecord", 0, "an eager ordering event: recorded later, when needed"},
+    {"cuMemPoolSetAttribute", 0, "the pool's release threshold (a cache policy)"},
+    {"cuMemAllocFromPoolAsync", CUDA_ERROR_OUT_OF_MEMORY, "retried after trimming"},
+    {"cuFuncGetParamInfo", CUDA_ERROR_INVALID_VALUE, "the end of the parameter list"},
+};
+
+static bool may_absorb(const char *entry, int error)
+{
+    for (size_t i = 0; entry && i < sizeof absorbable / sizeof absorbable[0]; i++)
+        if (strcmp(entry, absorbable[i].name) == 0 &&
+            (absorbable[i].error == 0 || absorbable[i].error == error))
+            return true;
+    return false;
+}
+
 /* The watchdog: a run that hangs (a deadlock) fails the test instead of stalling CI. */
 static volatile sig_atomic_t watch_n, watch_e;
 static void on_alarm(int sig)
@@ -86,8 +118,8 @@ static long *counter(fake_counts *c, int i)
 
 static struct {
     uint64_t injected, first_fail, absorbed, named_entry, named_fn, refused_releases,
-        swallowed_releases, reclaimed, reuse_ok, lost_ok, destroy_leaked, destroy_lost,
-        fresh_ok, launch_param_info, leaks;
+        swallowed_releases, reclaimed, reuse_ok, lost_ok, accounting_ok, fresh_ok,
+        launch_param_info, leaks;
 } st;
 
 static int failures_before(void) { return test_failures; }
@@ -209,8 +241,14 @@ static void sweep_one(uint64_t n, int ei)
         step = FP_STEPS - 1;
         if (w.data_errors)
             FAILF("the program's data is wrong (%d mismatches)", w.data_errors);
-        if (release_fault)
+        if (release_fault) {
             st.swallowed_releases++;
+            FAILF("a refused release was swallowed: every destroy said SC_OK");
+        } else if (sticky) {
+            FAILF("a sticky error was absorbed: the context should be lost");
+        } else if (!may_absorb(fault_name, error)) {
+            FAILF("the error was absorbed where the library does not tolerate it");
+        }
     } else {
         st.first_fail++;
         char msg[1024];
@@ -254,6 +292,28 @@ static void sweep_one(uint64_t n, int ei)
     }
 
     /* The context after the failure. */
+    if (w.exists[FP_CTX] && !sticky && failed) {
+        /* The accounting: the live buffers, plus the memory of a free the driver refused
+         * (it still holds it); the same for pinned memory. */
+        const uint64_t bytes = FP_N * sizeof(float);
+        uint64_t live = (uint64_t)w.exists[FP_A] + w.exists[FP_B] + w.exists[FP_C];
+        uint64_t kept = release_counter == 0, pinned = w.exists[FP_H] + (release_counter == 1);
+        sc_memory_stats m;
+        sc_status ms = sc_context_memory(w.ctx, &m);
+        if (ms != SC_OK)
+            FAILF("sc_context_memory after the failure: %s (%s)", sc_status_name(ms),
+                  sc_last_error());
+        else if (m.live_buffers != live || m.bytes_in_use != (live + kept) * bytes ||
+                 m.pinned_bytes != pinned * bytes)
+            FAILF("accounting: %llu live buffers, %llu bytes in use, %llu pinned; want %llu, "
+                  "%llu, %llu",
+                  (unsigned long long)m.live_buffers, (unsigned long long)m.bytes_in_use,
+                  (unsigned long long)m.pinned_bytes, (unsigned long long)live,
+                  (unsigned long long)((live + kept) * bytes),
+                  (unsigned long long)(pinned * bytes));
+        else
+            st.accounting_ok++;
+    }
     if (w.exists[FP_CTX]) {
         sc_status c = sc_context_check(w.ctx);
         if (sticky && failed && s == SC_ERR_CONTEXT_LOST) {
@@ -274,23 +334,17 @@ static void sweep_one(uint64_t n, int ei)
         }
     }
 
-    /* Clean up through the public API: users before what they use. */
-    static const fp_object order[] = {FP_M, FP_E, FP_A, FP_B, FP_C, FP_H, FP_S0, FP_S1};
+    /* Clean up through the public API: users before what they use. No fault is armed:
+     * every destroy succeeds, on a lost context too (it frees what the host holds). */
+    static const fp_object order[] = {FP_M, FP_E, FP_A, FP_B, FP_C, FP_H, FP_S0, FP_S1,
+                                      FP_CTX};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         if (!w.exists[order[i]])
             continue;
         sc_status d = fp_destroy(&w, order[i]);
-        if (d != SC_OK && d != SC_ERR_CONTEXT_LOST)
+        if (d != SC_OK)
             FAILF("cleanup: destroying object %d returned %s (%s)", (int)order[i],
                   sc_status_name(d), sc_last_error());
-    }
-    if (w.exists[FP_CTX]) {
-        sc_status d = fp_destroy(&w, FP_CTX);
-        st.destroy_leaked += d == SC_ERR_LEAKED;
-        st.destroy_lost += d == SC_ERR_CONTEXT_LOST;
-        if (d != SC_OK && d != SC_ERR_LEAKED && d != SC_ERR_CONTEXT_LOST)
-            FAILF("cleanup: sc_context_destroy returned %s (%s)", sc_status_name(d),
-                  sc_last_error());
     }
     for (int o = 0; o < FP_OBJECTS; o++)
         if (w.destroyed[o] && !is_stale(&w, (fp_object)o))
@@ -399,16 +453,16 @@ int main(int argc, char **argv)
            (unsigned long long)st.first_fail, (unsigned long long)st.absorbed);
     printf("messages naming the public function: %llu, the entry point: %llu\n",
            (unsigned long long)st.named_fn, (unsigned long long)st.named_entry);
-    printf("non-sticky: context reused %llu times; sticky: context lost cleanly %llu times\n",
-           (unsigned long long)st.reuse_ok, (unsigned long long)st.lost_ok);
+    printf("non-sticky: context reused %llu times, its accounting checked %llu times; sticky: "
+           "context lost cleanly %llu times\n",
+           (unsigned long long)st.reuse_ok, (unsigned long long)st.accounting_ok,
+           (unsigned long long)st.lost_ok);
     printf("refused releases: %llu reported, %llu swallowed (destroy said SC_OK); device "
            "allocations reclaimed with lost contexts: %llu\n",
            (unsigned long long)st.refused_releases, (unsigned long long)st.swallowed_releases,
            (unsigned long long)st.reclaimed);
-    printf("sc_context_destroy after cleanup: %llu SC_ERR_LEAKED, %llu SC_ERR_CONTEXT_LOST; "
-           "launches refused after cuFuncGetParamInfo answered CUDA_ERROR_INVALID_VALUE: "
+    printf("launches refused after cuFuncGetParamInfo answered CUDA_ERROR_INVALID_VALUE: "
            "%llu; fresh contexts: %llu\n",
-           (unsigned long long)st.destroy_leaked, (unsigned long long)st.destroy_lost,
            (unsigned long long)st.launch_param_info, (unsigned long long)st.fresh_ok);
     printf("fault sweep: %llu calls x 3 errors = %llu injected faults, %llu leaks "
            "(%d failed checks, %.1f s)\n",
