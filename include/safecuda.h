@@ -17,7 +17,16 @@
  * The CUDA driver and NVRTC are loaded at run time; nothing here needs the CUDA toolkit.
  * Thread safety: every function may be called from any thread. Objects may be used from
  * several threads at once; destroying an object while another thread still uses it
- * waits for that use to finish (the other thread's later uses are stale-handle errors). */
+ * waits for that use to finish (the other thread's later uses are stale-handle errors).
+ *
+ * Destroy functions always destroy: from the call on the handle is stale and the
+ * library's host-side record is freed, whatever the driver answers. A destroy returns
+ * SC_OK, or the first driver error it met on the way (SC_ERR_DRIVER, SC_ERR_OUT_OF_MEMORY,
+ * or SC_ERR_CONTEXT_LOST for a sticky error, which marks the context lost), with a message
+ * naming the driver call; when that call was the release itself, the driver keeps that one
+ * object (see sc_memory_stats for how its memory is counted). Objects of a context that
+ * was already lost are destroyed without reporting the driver's answers (SC_OK): what they
+ * held on the device goes with the context. */
 #ifndef SAFECUDA_H
 #define SAFECUDA_H
 
@@ -181,7 +190,9 @@ SC_API sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *c
 /* Destroy a context. Every object still alive in it is reported through the log callback
  * (kind, label, size, creation site), freed, and the call returns SC_ERR_LEAKED; the
  * context is destroyed either way. Waits for the context's work to finish. A context
- * lost to a sticky device error can still be destroyed. */
+ * lost to a sticky device error can still be destroyed. A driver error while releasing
+ * (an object, the memory pool, the primary context) is returned instead of SC_ERR_LEAKED,
+ * as for any destroy (see the top of this file). */
 SC_API sc_status sc_context_destroy(sc_context ctx);
 
 /* The device ordinal of the context. */
@@ -215,12 +226,15 @@ SC_API sc_status sc_context_live_report(sc_context ctx, size_t *count);
 
 /* Memory held by the context and the device (sc_context_memory). */
 typedef struct sc_memory_stats {
-    uint64_t bytes_in_use;   /* bytes of the context's live buffers */
+    uint64_t bytes_in_use;   /* bytes of the context's live buffers, plus those of destroyed
+                                buffers whose free the driver refused (it still holds them:
+                                they count against the budget until the context goes) */
     uint64_t peak_bytes;     /* the most bytes_in_use has been since the context began */
     uint64_t live_buffers;
     uint64_t vram_budget;    /* 0 = none */
     uint64_t pool_reserved;  /* device memory the context's pool holds (in use + cached) */
-    uint64_t pinned_bytes;   /* bytes of the context's live pinned host buffers */
+    uint64_t pinned_bytes;   /* bytes of the context's live pinned host buffers, plus those
+                                the driver refused to unpin at their destroy */
     uint64_t device_free;    /* the device's free memory now */
     uint64_t device_total;
 } sc_memory_stats;

@@ -99,16 +99,17 @@ static char *read_file(const char *path, size_t *size)
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
+    /* Only a regular file is an entry: a folder opens too, and its "size" at SEEK_END can
+     * be LONG_MAX (ext4), which must not become an allocation. */
+    struct stat st;
     char *data = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (data = malloc((size_t)n))) {
-            if (fread(data, 1, (size_t)n, f) != (size_t)n) {
-                free(data);
-                data = NULL;
-            } else {
-                *size = (size_t)n;
-            }
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        size_t n = (size_t)st.st_size;
+        if ((data = malloc(n)) && fread(data, 1, n, f) != n) {
+            free(data);
+            data = NULL;
+        } else if (data) {
+            *size = n;
         }
     }
     fclose(f);

@@ -21,7 +21,10 @@ static void describe_program(const sci_object *obj, sc_object_info *info)
     info->bytes = p->out.image_size;
 }
 
-static void destroy_leaked_program(uint64_t id) { program_destroy(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_program(uint64_t id)
+{
+    return program_destroy(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops program_ops = {"program", describe_program, destroy_leaked_program};
 

@@ -55,35 +55,157 @@ static sc_status lost_error(sci_context *c, const char *fn)
                     c->device, sci_basename(c->obj.file), c->obj.line, c->lost_message);
 }
 
-sc_status sci_context_fail_cu(sci_context *c, CUresult r, const char *fn, const char *fmt, ...)
+bool sci_context_mark_lost(sci_context *c, CUresult r, const char *fn, const char *what)
+{
+    if (!sci_cu_error_is_sticky(r))
+        return false;
+    pthread_mutex_lock(&c->lost_lock);
+    if (!atomic_load(&c->lost)) {
+        snprintf(c->lost_message, sizeof c->lost_message, "%s: %s: %s (%s)", fn, what,
+                 sci_cu_error_name(r), sci_cu_error_string(r));
+        atomic_store(&c->lost, true);
+    }
+    pthread_mutex_unlock(&c->lost_lock);
+    return true;
+}
+
+static sc_status vfail_cu(sci_context *c, CUresult r, const char *fn, const char *fmt,
+                          va_list ap)
 {
     char what[512];
+    vsnprintf(what, sizeof what, fmt, ap);
+    if (sci_context_mark_lost(c, r, fn, what))
+        return lost_error(c, fn);
+    return sci_fail_cu(r, fn, "%s", what);
+}
+
+sc_status sci_context_fail_cu(sci_context *c, CUresult r, const char *fn, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    sc_status s = vfail_cu(c, r, fn, fmt, ap);
     va_end(ap);
-    if (sci_cu_error_is_sticky(r)) {
-        pthread_mutex_lock(&c->lock);
-        if (!atomic_load(&c->lost)) {
-            snprintf(c->lost_message, sizeof c->lost_message, "%s: %s: %s (%s)", fn, what,
-                     sci_cu_error_name(r), sci_cu_error_string(r));
-            atomic_store(&c->lost, true);
-        }
-        pthread_mutex_unlock(&c->lock);
-        return lost_error(c, fn);
+    return s;
+}
+
+sc_status sci_context_tolerate_cu(sci_context *c, CUresult r, const char *fn, const char *fmt,
+                                  ...)
+{
+    if (!sci_cu_error_is_sticky(r))
+        return SC_OK;
+    va_list ap;
+    va_start(ap, fmt);
+    sc_status s = vfail_cu(c, r, fn, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+sc_status sci_context_cleanup_cu(sci_context *c, sc_status s, CUresult r, const char *call)
+{
+    if (r == CUDA_SUCCESS)
+        return s;
+    sci_error_append(" (and %s failed while cleaning up: %s)", call, sci_cu_error_name(r));
+    if (sci_context_mark_lost(c, r, "cleanup", call))
+        return SC_ERR_CONTEXT_LOST;
+    return s;
+}
+
+/* ---- destroy paths --------------------------------------------------------------------- */
+
+void sci_release_begin(sci_release *rl, sci_context *c, const char *fn)
+{
+    rl->c = c;
+    rl->fn = fn;
+    rl->was_lost = atomic_load(&c->lost);
+    rl->status = SC_OK;
+    rl->message = NULL;
+}
+
+bool sci_release_live(const sci_release *rl) { return !atomic_load(&rl->c->lost); }
+
+static void release_note(sci_release *rl, CUresult r, bool tolerate, const char *fmt,
+                         va_list ap)
+{
+    if (r == CUDA_SUCCESS || (tolerate && !sci_cu_error_is_sticky(r)))
+        return;
+    if (rl->was_lost)
+        return; /* expected on a lost context: everything goes with it */
+    if (rl->status != SC_OK) { /* not the first failure: only the context's health */
+        char what[512];
+        vsnprintf(what, sizeof what, fmt, ap);
+        sci_context_mark_lost(rl->c, r, rl->fn, what);
+        return;
     }
-    return sci_fail_cu(r, fn, "%s", what);
+    rl->status = vfail_cu(rl->c, r, rl->fn, fmt, ap);
+    rl->message = sci_error_save();
+}
+
+void sci_release_check(sci_release *rl, CUresult r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    release_note(rl, r, false, fmt, ap);
+    va_end(ap);
+}
+
+void sci_release_tolerate(sci_release *rl, CUresult r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    release_note(rl, r, true, fmt, ap);
+    va_end(ap);
+}
+
+void sci_release_status(sci_release *rl, sc_status s)
+{
+    if (s == SC_OK || rl->was_lost || rl->status != SC_OK)
+        return;
+    rl->status = s;
+    rl->message = sci_error_save();
+}
+
+sc_status sci_release_end(sci_release *rl)
+{
+    if (rl->was_lost) {
+        free(rl->message);
+        rl->message = NULL;
+        return SC_OK;
+    }
+    if (rl->status != SC_OK)
+        sci_error_restore(rl->message); /* later calls may have set their own */
+    else
+        free(rl->message);
+    rl->message = NULL;
+    return rl->status;
+}
+
+CUresult sci_context_make_current_cu(sci_context *c, const char **call)
+{
+    CUcontext cur = NULL;
+    *call = "cuCtxGetCurrent";
+    CUresult r = sci_cuCtxGetCurrent(&cur);
+    if (r == CUDA_SUCCESS && cur == c->cu)
+        return CUDA_SUCCESS;
+    if (sci_cu_error_is_sticky(r)) /* else: not known to be current, so make it current */
+        return r;
+    *call = "cuCtxSetCurrent";
+    return sci_cuCtxSetCurrent(c->cu);
 }
 
 static sc_status make_current(sci_context *c, const char *fn)
 {
-    CUcontext cur = NULL;
-    if (sci_cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->cu)
-        return SC_OK;
-    CUresult r = sci_cuCtxSetCurrent(c->cu);
+    const char *call;
+    CUresult r = sci_context_make_current_cu(c, &call);
     if (r != CUDA_SUCCESS)
-        return sci_context_fail_cu(c, r, fn, "cuCtxSetCurrent failed");
+        return sci_context_fail_cu(c, r, fn, "%s failed", call);
     return SC_OK;
+}
+
+void sci_release_make_current(sci_release *rl)
+{
+    const char *call;
+    CUresult r = sci_context_make_current_cu(rl->c, &call);
+    sci_release_tolerate(rl, r, "%s failed", call);
 }
 
 sc_status sci_context_enter(sci_context *c, const char *fn)
@@ -133,6 +255,7 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
     c->vram_budget = d.vram_budget;
     c->tracking = !d.disable_event_tracking;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->lost_lock, NULL);
     s = sci_device_props(d.device, dev, fn, &c->props);
     if (s != SC_OK)
         goto fail_free;
@@ -157,6 +280,7 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
 fail_release:
     sci_cuDevicePrimaryCtxRelease(dev);
 fail_free:
+    pthread_mutex_destroy(&c->lost_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
     return s;
@@ -199,26 +323,38 @@ sc_status sc_context_destroy(sc_context h)
     if (s != SC_OK)
         return s;
     sci_context *c = (sci_context *)obj;
-    sci_cuCtxSetCurrent(c->cu);
+    sci_release rl;
+    sci_release_begin(&rl, c, fn);
+    sci_release_make_current(&rl);
 
+    /* Every object still alive (the default stream included) goes through its kind's
+     * destroy, which reports its own release failures. */
     size_t leaked = report_live(c, fn);
     for (size_t k = 0; k < sizeof destroy_order / sizeof destroy_order[0]; k++) {
         uint64_t *ids;
         size_t n = sci_registry_list(destroy_order[k], c->obj.id, &ids);
         for (size_t i = 0; i < n; i++)
-            sci_registry_destroy_by_id(destroy_order[k], ids[i]);
+            sci_release_status(&rl, sci_registry_destroy_by_id(destroy_order[k], ids[i]));
         free(ids);
     }
-    sc_status result = SC_OK;
-    if (!atomic_load(&c->lost)) {
-        CUresult r = sci_cuCtxSynchronize();
-        if (r != CUDA_SUCCESS)
-            result = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");
-    }
+    if (sci_release_live(&rl))
+        sci_release_check(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
     for (int i = 0; i < n_teardowns; i++)
-        teardowns[i].fn(c);
-    sci_cuCtxSetCurrent(NULL);
-    sci_cuDevicePrimaryCtxRelease(c->cu_device);
+        teardowns[i].fn(c, &rl);
+    sci_release_tolerate(&rl, sci_cuCtxSetCurrent(NULL), "cuCtxSetCurrent(NULL) failed");
+    /* The primary context's release is reported even on a lost context: while it stays
+     * retained, so does everything the context holds. */
+    CUresult r = sci_cuDevicePrimaryCtxRelease(c->cu_device);
+    sc_status result = sci_release_end(&rl);
+    if (r != CUDA_SUCCESS) {
+        if (result == SC_OK)
+            result = sci_fail_cu(r, fn, "cuDevicePrimaryCtxRelease(device %d) failed: the "
+                                 "primary context stays retained", c->device);
+        else
+            sci_error_append(" (and cuDevicePrimaryCtxRelease(device %d) failed: %s)",
+                             c->device, sci_cu_error_name(r));
+    }
+    pthread_mutex_destroy(&c->lost_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
     if (leaked && result == SC_OK)

@@ -111,13 +111,18 @@ sc_status sci_device_props(int ordinal, CUdevice dev, const char *fn, sc_device_
             return sci_fail_cu(r, fn, "cuDeviceGetAttribute(%s, device %d) failed",
                                attrs[i].name, ordinal);
     }
+    /* Optional: a driver that can't answer leaves them false, unless the device is gone. */
     int flag = 0;
-    if (sci_cuDeviceGetAttribute(&flag, CU_DEVICE_ATTRIBUTE_ECC_ENABLED, dev) == CUDA_SUCCESS)
-        p->ecc_enabled = flag != 0;
+    r = sci_cuDeviceGetAttribute(&flag, CU_DEVICE_ATTRIBUTE_ECC_ENABLED, dev);
+    if (sci_cu_error_is_sticky(r))
+        return sci_fail_cu(r, fn, "cuDeviceGetAttribute(ECC, device %d) failed", ordinal);
+    p->ecc_enabled = r == CUDA_SUCCESS && flag != 0;
     flag = 0;
-    if (sci_cuDeviceGetAttribute(&flag, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev) ==
-        CUDA_SUCCESS)
-        p->memory_pools_supported = flag != 0;
+    r = sci_cuDeviceGetAttribute(&flag, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev);
+    if (sci_cu_error_is_sticky(r))
+        return sci_fail_cu(r, fn, "cuDeviceGetAttribute(memory pools, device %d) failed",
+                           ordinal);
+    p->memory_pools_supported = r == CUDA_SUCCESS && flag != 0;
     /* Double data rate: two transfers per memory clock over bus_width / 8 bytes. */
     p->memory_bandwidth_gbs =
         2.0 * (double)p->memory_clock_khz * 1e3 * ((double)p->memory_bus_width_bits / 8.0) / 1e9;
@@ -144,18 +149,31 @@ sc_status sc_device_memory(int device, uint64_t *free_bytes, uint64_t *total_byt
     if (s != SC_OK)
         return s;
     CUcontext previous = NULL, primary = NULL;
-    sci_cuCtxGetCurrent(&previous);
-    CUresult r = sci_cuDevicePrimaryCtxRetain(&primary, dev);
+    CUresult r = sci_cuCtxGetCurrent(&previous); /* restored at the end */
+    if (r != CUDA_SUCCESS)
+        return sci_fail_cu(r, fn, "cuCtxGetCurrent failed");
+    r = sci_cuDevicePrimaryCtxRetain(&primary, dev);
     if (r != CUDA_SUCCESS)
         return sci_fail_cu(r, fn, "cuDevicePrimaryCtxRetain(device %d) failed", device);
     size_t f = 0, t = 0;
+    const char *what = "cuCtxSetCurrent";
     r = sci_cuCtxSetCurrent(primary);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        what = "cuMemGetInfo";
         r = sci_cuMemGetInfo(&f, &t);
-    sci_cuCtxSetCurrent(previous);
-    sci_cuDevicePrimaryCtxRelease(dev);
+    }
+    CUresult restore = sci_cuCtxSetCurrent(previous);
+    CUresult release = sci_cuDevicePrimaryCtxRelease(dev);
+    if (r == CUDA_SUCCESS && restore != CUDA_SUCCESS) {
+        r = restore;
+        what = "cuCtxSetCurrent (restoring the thread's context)";
+    }
+    if (r == CUDA_SUCCESS && release != CUDA_SUCCESS) {
+        r = release;
+        what = "cuDevicePrimaryCtxRelease";
+    }
     if (r != CUDA_SUCCESS)
-        return sci_fail_cu(r, fn, "cuMemGetInfo(device %d) failed", device);
+        return sci_fail_cu(r, fn, "%s(device %d) failed", what, device);
     *free_bytes = f;
     *total_bytes = t;
     return SC_OK;

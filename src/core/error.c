@@ -1,5 +1,6 @@
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -73,6 +74,23 @@ void sci_error_append(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(message + len, sizeof message - len, fmt, ap);
     va_end(ap);
+}
+
+char *sci_error_save(void)
+{
+    size_t len = strlen(message);
+    char *copy = len ? malloc(len + 1) : NULL;
+    if (copy)
+        memcpy(copy, message, len + 1);
+    return copy;
+}
+
+void sci_error_restore(char *saved)
+{
+    if (!saved)
+        return;
+    snprintf(message, sizeof message, "%s", saved);
+    free(saved);
 }
 
 sc_status sci_status_from_cu(CUresult r)

@@ -320,12 +320,13 @@ void sci_registry_debug_set_generation(sci_kind kind, uint64_t id, uint32_t gene
     pthread_mutex_unlock(&r->lock);
 }
 
-void sci_registry_destroy_by_id(sci_kind kind, uint64_t id)
+sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id)
 {
     registry *r = &registries[kind];
     pthread_mutex_lock(&r->lock);
     const sci_kind_ops *ops = r->ops;
     pthread_mutex_unlock(&r->lock);
     if (ops && ops->destroy)
-        ops->destroy(id);
+        return ops->destroy(id);
+    return SC_OK;
 }

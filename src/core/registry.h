@@ -51,11 +51,12 @@ typedef struct sci_object {
 } sci_object;
 
 /* What a kind tells the registry: its name, how to describe an object in a leak report,
- * and how to destroy a leaked one (by id, through the kind's own destroy path). */
+ * and how to destroy a leaked one (by id, through the kind's own destroy path, which
+ * returns what the public destroy would). */
 typedef struct sci_kind_ops {
     const char *name;
     void (*describe)(const sci_object *obj, sc_object_info *info);
-    void (*destroy)(uint64_t id);
+    sc_status (*destroy)(uint64_t id);
 } sci_kind_ops;
 
 void sci_registry_set_ops(sci_kind kind, const sci_kind_ops *ops);
@@ -81,8 +82,8 @@ size_t sci_registry_list(sci_kind kind, uint64_t owner, uint64_t **ids);
  * in creation order (kind by kind). Writes up to capacity entries; returns the count. */
 size_t sci_registry_describe(uint64_t owner, sc_object_info *out, size_t capacity);
 
-/* Destroy a (leaked) object through its kind's destroy function. */
-void sci_registry_destroy_by_id(sci_kind kind, uint64_t id);
+/* Destroy a (leaked) object through its kind's destroy function; its status. */
+sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id);
 
 /* Number of live objects of a kind (all owners). */
 size_t sci_registry_live_count(sci_kind kind);

@@ -294,7 +294,7 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
                 CUresult r = sci_cuLaunchKernel(k->fn, grid.x, grid.y, grid.z, block.x, block.y,
                                                 block.z, desc->shared_bytes, st->cu,
                                                 nargs ? params : NULL, NULL);
-                sci_access_end(acc, n_acc, st, r == CUDA_SUCCESS);
+                s = sci_access_end(acc, n_acc, st, r == CUDA_SUCCESS, fn);
                 if (r != CUDA_SUCCESS)
                     s = sci_context_fail_cu(k->ctx, r, fn, "cuLaunchKernel('%s')", k->display);
             }

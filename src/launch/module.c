@@ -24,8 +24,14 @@ static void describe_kernel(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "%.90s", k->display);
 }
 
-static void destroy_leaked_module(uint64_t id) { module_destroy(id, "sc_context_destroy"); }
-static void destroy_leaked_kernel(uint64_t id) { kernel_remove(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_module(uint64_t id)
+{
+    return module_destroy(id, "sc_context_destroy");
+}
+static sc_status destroy_leaked_kernel(uint64_t id)
+{
+    return kernel_remove(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops module_ops = {"module", describe_module, destroy_leaked_module};
 static const sci_kind_ops kernel_ops = {"kernel", describe_kernel, destroy_leaked_kernel};
@@ -88,7 +94,7 @@ sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool 
     m->obj.internal = internal;
     sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, NULL, file, line, fn);
     if (s != SC_OK) {
-        sci_cuModuleUnload(m->cu);
+        s = sci_context_cleanup_cu(c, s, sci_cuModuleUnload(m->cu), "cuModuleUnload");
         free_names(m->n_names, m->exprs, m->lowered);
         free(m);
         return s;
@@ -224,11 +230,13 @@ static sc_status module_destroy(uint64_t id, const char *fn)
             kernel_remove(ids[i], fn);
     }
     free(ids);
-    sci_cuCtxSetCurrent(m->ctx->cu);
-    sci_cuModuleUnload(m->cu);
+    sci_release rl;
+    sci_release_begin(&rl, m->ctx, fn);
+    sci_release_make_current(&rl);
+    sci_release_check(&rl, sci_cuModuleUnload(m->cu), "cuModuleUnload failed");
     free_names(m->n_names, m->exprs, m->lowered);
     free(m);
-    return SC_OK;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_module_destroy(sc_module module)
@@ -285,16 +293,24 @@ out:
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
-static void read_params(sci_kernel *k)
+/* The kernel's parameter sizes. cuFuncGetParamInfo answers CUDA_ERROR_INVALID_VALUE for
+ * the index past the last parameter: that ends the list. Any other error is a failure
+ * (a kernel that believed it takes fewer parameters would refuse every correct launch). */
+static sc_status read_params(sci_kernel *k, const char *fn)
 {
     k->n_params = -1;
     if (!sci_driver_has_param_info())
-        return;
+        return SC_OK;
     int n = 0;
     for (; n < SCI_MAX_PARAMS; n++) {
         size_t off = 0, size = 0;
-        if (sci_cuFuncGetParamInfo(k->fn, (size_t)n, &off, &size) != CUDA_SUCCESS)
+        CUresult r = sci_cuFuncGetParamInfo(k->fn, (size_t)n, &off, &size);
+        if (r == CUDA_ERROR_INVALID_VALUE)
             break;
+        if (r != CUDA_SUCCESS)
+            return sci_context_fail_cu(k->ctx, r, fn,
+                                       "cuFuncGetParamInfo('%s', parameter %d) failed",
+                                       k->display, n);
         k->param_size[n] = (uint32_t)size;
     }
     k->n_params = n;
@@ -302,6 +318,7 @@ static void read_params(sci_kernel *k)
         int typed = sci_demangle_params(k->name, k->types, SCI_MAX_PARAMS);
         k->typed = typed == n;
     }
+    return SC_OK;
 }
 
 sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const char *file,
@@ -346,9 +363,13 @@ sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const c
         return sci_context_fail_cu(m->ctx, r, fn, "cuFuncGetAttribute('%s')", name);
     }
     atomic_store(&k->max_dynamic_shared, dyn);
-    read_params(k);
+    sc_status s = read_params(k, fn);
+    if (s != SC_OK) {
+        free(k);
+        return s;
+    }
     k->obj.internal = internal;
-    sc_status s = sci_registry_insert(&k->obj, SCI_KIND_KERNEL, m->ctx->obj.id, name, file, line,
+    s = sci_registry_insert(&k->obj, SCI_KIND_KERNEL, m->ctx->obj.id, name, file, line,
                                       fn);
     if (s != SC_OK) {
         free(k);

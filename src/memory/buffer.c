@@ -5,8 +5,6 @@
 #include "memory/buffer.h"
 #include "memory/pool.h"
 
-static sc_status buffer_destroy(uint64_t id, const char *fn);
-
 static void describe_buffer(const sci_object *obj, sc_object_info *info)
 {
     const sci_buffer *b = (const sci_buffer *)obj;
@@ -15,7 +13,10 @@ static void describe_buffer(const sci_object *obj, sc_object_info *info)
     info->bytes = b->bytes;
 }
 
-static void destroy_leaked_buffer(uint64_t id) { buffer_destroy(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_buffer(uint64_t id)
+{
+    return sci_buffer_destroy(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops buffer_ops = {"buffer", describe_buffer, destroy_leaked_buffer};
 
@@ -79,7 +80,8 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
         CUresult r = sci_cuMemsetD8Async(b->ptr, 0, bytes, st->cu);
         if (r != CUDA_SUCCESS) {
             s = sci_context_fail_cu(c, r, fn, "zeroing %s failed", what);
-            sci_device_free(c, st->cu, b->ptr, bytes);
+            s = sci_context_cleanup_cu(c, s, sci_device_free(c, st->cu, b->ptr, bytes),
+                                       "cuMemFreeAsync");
             free(b);
             goto out;
         }
@@ -90,7 +92,8 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
     b->bytes = bytes;
     s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, c->obj.id, label, file, line, fn);
     if (s != SC_OK) {
-        sci_device_free(c, st->cu, b->ptr, bytes);
+        s = sci_context_cleanup_cu(c, s, sci_device_free(c, st->cu, b->ptr, bytes),
+                                   "cuMemFreeAsync");
         free(b);
         goto out;
     }
@@ -121,7 +124,7 @@ static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
     return sci_context_default_stream(b->ctx, fn, out);
 }
 
-static sc_status buffer_destroy(uint64_t id, const char *fn)
+sc_status sci_buffer_destroy(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_BUFFER, id, fn, &obj);
@@ -129,35 +132,42 @@ static sc_status buffer_destroy(uint64_t id, const char *fn)
         return s;
     sci_buffer *b = (sci_buffer *)obj;
     sci_context *c = b->ctx;
-    s = sci_context_enter(c, fn);
-    if (s == SC_OK) {
+    sci_release rl;
+    sci_release_begin(&rl, c, fn);
+    sci_release_make_current(&rl);
+    CUstream on = NULL;
+    sci_stream *st = NULL;
+    if (sci_release_live(&rl)) {
         /* Free stream-ordered after every use on every stream. */
-        sci_stream *st = NULL;
-        s = free_stream(b, fn, &st);
-        if (s == SC_OK) {
+        sc_status f = free_stream(b, fn, &st);
+        sci_release_status(&rl, f);
+        if (f == SC_OK) {
             pthread_mutex_lock(&b->tracker.lock);
-            s = sci_tracker_order_all(&b->tracker, st, fn);
+            f = sci_tracker_order_all(&b->tracker, st, fn);
             pthread_mutex_unlock(&b->tracker.lock);
-            if (s != SC_OK) /* could not order the free: wait for everything instead */
-                sci_cuCtxSynchronize();
-            sci_device_free(c, st->cu, b->ptr, b->bytes);
-            sci_stream_release(st);
-        } else {
-            sci_cuCtxSynchronize();
-            sci_device_free(c, NULL, b->ptr, b->bytes);
+            sci_release_status(&rl, f);
+            on = st->cu;
         }
-    } else {
-        sci_device_free(c, NULL, b->ptr, b->bytes); /* lost: only the accounting */
-        s = SC_OK; /* the buffer is gone either way */
+        if (f != SC_OK && sci_release_live(&rl)) { /* can't order the free: wait for all */
+            sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
+            on = NULL;
+        }
     }
-    sci_tracker_destroy(&b->tracker);
+    /* On a lost context this only takes the buffer off the accounting. */
+    CUresult r = sci_device_free(c, on, b->ptr, b->bytes);
+    sci_release_check(&rl, r, "cuMemFreeAsync(%llu bytes) failed: the driver keeps them",
+                      (unsigned long long)b->bytes);
+    if (st)
+        sci_stream_release(st);
+    sci_release_check(&rl, sci_tracker_destroy(&b->tracker),
+                      "cuEventDestroy of an ordering event failed");
     free(b);
-    return s;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_buffer_destroy(sc_buffer buffer)
 {
-    return buffer_destroy(buffer.id, "sc_buffer_destroy");
+    return sci_buffer_destroy(buffer.id, "sc_buffer_destroy");
 }
 
 void sci_buffer_set_internal(sc_buffer buffer)

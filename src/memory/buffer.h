@@ -36,6 +36,9 @@ sc_status sci_view_resolve(sc_view v, const char *fn, const char *what,
                            sci_resolved_view *out);
 void sci_view_release(sci_resolved_view *rv);
 
+/* sc_buffer_destroy with fn naming the public function in messages. */
+sc_status sci_buffer_destroy(uint64_t id, const char *fn);
+
 /* Mark a buffer as the library's own (a workspace): never reported as a leak. */
 void sci_buffer_set_internal(sc_buffer b);
 

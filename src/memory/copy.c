@@ -23,8 +23,7 @@ static sc_status start(sci_context *ctx, sc_stream stream, sci_access *acc, size
 static sc_status finish(sci_context *ctx, sci_access *acc, size_t n, sci_stream *st,
                         CUresult r, const char *fn, const char *what)
 {
-    sci_access_end(acc, n, st, r == CUDA_SUCCESS);
-    sc_status s = SC_OK;
+    sc_status s = sci_access_end(acc, n, st, r == CUDA_SUCCESS, fn);
     if (r != CUDA_SUCCESS)
         s = sci_context_fail_cu(ctx, r, fn, "%s failed", what);
     return s;

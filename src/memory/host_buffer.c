@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/driver.h"
 #include "memory/buffer.h"
 
 static sc_status host_destroy(uint64_t id, bool try_only, const char *fn);
@@ -16,7 +17,10 @@ static void describe_host(const sci_object *obj, sc_object_info *info)
     info->bytes = h->bytes;
 }
 
-static void destroy_leaked_host(uint64_t id) { host_destroy(id, false, "sc_context_destroy"); }
+static sc_status destroy_leaked_host(uint64_t id)
+{
+    return host_destroy(id, false, "sc_context_destroy");
+}
 
 static const sci_kind_ops host_ops = {"host buffer", describe_host, destroy_leaked_host};
 
@@ -64,7 +68,7 @@ sc_status sc_host_buffer_create_at(sc_context ctx, const sc_host_buffer_desc *de
     h->bytes = desc->bytes;
     s = sci_registry_insert(&h->obj, SCI_KIND_HOST_BUFFER, c->obj.id, label, file, line, fn);
     if (s != SC_OK) {
-        sci_cuMemFreeHost(h->ptr);
+        s = sci_context_cleanup_cu(c, s, sci_cuMemFreeHost(h->ptr), "cuMemFreeHost");
         free(h);
         sci_context_release(c);
         return s;
@@ -123,17 +127,28 @@ static sc_status host_destroy(uint64_t id, bool try_only, const char *fn)
         return s;
     sci_host_buffer *h = (sci_host_buffer *)obj;
     sci_context *c = h->ctx;
-    s = wait_idle(h, false, fn);
-    if (s != SC_OK && !atomic_load(&c->lost))
-        sci_cuCtxSynchronize(); /* could not wait for the copies alone: wait for all */
-    sci_cuCtxSetCurrent(c->cu);
-    sci_tracker_destroy(&h->tracker);
-    sci_cuMemFreeHost(h->ptr);
-    pthread_mutex_lock(&c->lock);
-    c->pinned_bytes -= h->bytes;
-    pthread_mutex_unlock(&c->lock);
+    sci_release rl;
+    sci_release_begin(&rl, c, fn);
+    if (sci_release_live(&rl)) {
+        s = wait_idle(h, false, fn);
+        sci_release_status(&rl, s);
+        if (s != SC_OK && sci_release_live(&rl)) /* can't wait for its copies: wait for all */
+            sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
+    }
+    sci_release_make_current(&rl);
+    sci_release_check(&rl, sci_tracker_destroy(&h->tracker),
+                      "cuEventDestroy of an ordering event failed");
+    CUresult r = sci_cuMemFreeHost(h->ptr);
+    sci_release_check(&rl, r, "cuMemFreeHost(%llu bytes) failed: they stay pinned",
+                      (unsigned long long)h->bytes);
+    /* Memory the driver refused to free stays pinned: it stays in pinned_bytes. */
+    if (r == CUDA_SUCCESS || sci_cu_error_is_sticky(r)) {
+        pthread_mutex_lock(&c->lock);
+        c->pinned_bytes -= h->bytes;
+        pthread_mutex_unlock(&c->lock);
+    }
     free(h);
-    return atomic_load(&c->lost) ? SC_OK : s;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_host_buffer_destroy(sc_host_buffer host)

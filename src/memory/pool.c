@@ -1,11 +1,12 @@
 #include <stdio.h>
 
+#include "driver/driver.h"
 #include "memory/pool.h"
 
-static void destroy_pool(sci_context *c)
+static void destroy_pool(sci_context *c, sci_release *rl)
 {
     if (c->pool) {
-        sci_cuMemPoolDestroy(c->pool);
+        sci_release_check(rl, sci_cuMemPoolDestroy(c->pool), "cuMemPoolDestroy failed");
         c->pool = NULL;
     }
 }
@@ -17,6 +18,7 @@ __attribute__((constructor)) static void register_pool_teardown(void)
 
 sc_status sci_context_pool(sci_context *c, const char *fn, CUmemoryPool *pool)
 {
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&c->lock);
     if (!c->pool) {
         CUmemPoolProps props = {0};
@@ -25,19 +27,20 @@ sc_status sci_context_pool(sci_context *c, const char *fn, CUmemoryPool *pool)
         props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = c->device;
         CUmemoryPool p;
-        CUresult r = sci_cuMemPoolCreate(&p, &props);
+        r = sci_cuMemPoolCreate(&p, &props);
         if (r != CUDA_SUCCESS) {
             pthread_mutex_unlock(&c->lock);
             return sci_context_fail_cu(c, r, fn, "cuMemPoolCreate(device %d) failed", c->device);
         }
         /* Keep freed memory cached for reuse (sc_context_trim gives it back). */
         cuuint64_t keep = UINT64_MAX;
-        sci_cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+        r = sci_cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
         c->pool = p;
     }
     *pool = c->pool;
     pthread_mutex_unlock(&c->lock);
-    return SC_OK;
+    /* Without the threshold the pool still works, it only gives memory back sooner. */
+    return sci_context_tolerate_cu(c, r, fn, "cuMemPoolSetAttribute(release threshold) failed");
 }
 
 sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, const char *what,
@@ -70,11 +73,20 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
     pthread_mutex_unlock(&c->lock);
 
     CUresult r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
+    const char *call = "cuMemAllocFromPoolAsync";
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        /* Give the pool's cached memory back to the device and try once more. */
-        sci_cuCtxSynchronize();
-        sci_cuMemPoolTrimTo(pool, 0);
-        r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
+        /* Give the pool's cached memory back to the device and try once more. A failure of
+         * these two only makes the retry less likely to succeed, unless it is sticky. */
+        CUresult q = sci_cuCtxSynchronize();
+        if (sci_cu_error_is_sticky(q)) {
+            r = q;
+            call = "cuCtxSynchronize before retrying";
+        } else if (sci_cu_error_is_sticky(q = sci_cuMemPoolTrimTo(pool, 0))) {
+            r = q;
+            call = "cuMemPoolTrimTo before retrying";
+        } else {
+            r = sci_cuMemAllocFromPoolAsync(ptr, bytes, pool, stream->cu);
+        }
     }
     if (r != CUDA_SUCCESS) {
         pthread_mutex_lock(&c->lock);
@@ -86,27 +98,35 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
         pthread_mutex_unlock(&c->lock);
         if (r == CUDA_ERROR_OUT_OF_MEMORY) {
             size_t free_b = 0, total_b = 0;
-            sci_cuMemGetInfo(&free_b, &total_b);
+            CUresult q = sci_cuMemGetInfo(&free_b, &total_b); /* for the message only */
+            if (sci_cu_error_is_sticky(q))
+                return sci_context_fail_cu(c, q, fn, "cuMemGetInfo failed");
             return sci_fail(SC_ERR_OUT_OF_MEMORY, fn,
                             "%s needs %llu bytes; the device has %llu of %llu bytes free and "
                             "the context uses %llu bytes: CUDA_ERROR_OUT_OF_MEMORY",
                             what, (unsigned long long)bytes, (unsigned long long)free_b,
                             (unsigned long long)total_b, (unsigned long long)used);
         }
-        return sci_context_fail_cu(c, r, fn, "cuMemAllocFromPoolAsync(%llu bytes) for %s",
+        return sci_context_fail_cu(c, r, fn, "%s failed (%llu bytes for %s)", call,
                                    (unsigned long long)bytes, what);
     }
     return SC_OK;
 }
 
-void sci_device_free(sci_context *c, CUstream stream, CUdeviceptr ptr, uint64_t bytes)
+CUresult sci_device_free(sci_context *c, CUstream stream, CUdeviceptr ptr, uint64_t bytes)
 {
+    CUresult r = CUDA_SUCCESS;
     if (!atomic_load(&c->lost))
-        sci_cuMemFreeAsync(ptr, stream);
+        r = sci_cuMemFreeAsync(ptr, stream);
+    /* A free the driver refused (on a usable context) leaves the memory allocated: its
+     * bytes stay in bytes_in_use, against the budget, until the context is destroyed. */
+    bool refused = r != CUDA_SUCCESS && !sci_cu_error_is_sticky(r);
     pthread_mutex_lock(&c->lock);
-    c->bytes_in_use -= bytes;
+    if (!refused)
+        c->bytes_in_use -= bytes;
     c->live_buffers--;
     pthread_mutex_unlock(&c->lock);
+    return r;
 }
 
 sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
@@ -126,12 +146,15 @@ sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
     CUmemoryPool pool = c->pool;
     pthread_mutex_unlock(&c->lock);
     cuuint64_t reserved = 0;
+    CUresult r = CUDA_SUCCESS;
     if (pool)
-        sci_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+        r = sci_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    if (r != CUDA_SUCCESS)
+        s = sci_context_fail_cu(c, r, fn, "cuMemPoolGetAttribute(reserved memory) failed");
     stats->pool_reserved = reserved;
     size_t free_b = 0, total_b = 0;
-    CUresult r = sci_cuMemGetInfo(&free_b, &total_b);
-    if (r != CUDA_SUCCESS)
+    r = sci_cuMemGetInfo(&free_b, &total_b);
+    if (r != CUDA_SUCCESS && s == SC_OK)
         s = sci_context_fail_cu(c, r, fn, "cuMemGetInfo failed");
     stats->device_free = free_b;
     stats->device_total = total_b;

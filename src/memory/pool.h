@@ -11,7 +11,10 @@ sc_status sci_context_pool(sci_context *c, const char *fn, CUmemoryPool *pool);
  * what describes the request in messages ("'x' (256 x f32)"). */
 sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, const char *what,
                            const char *fn, CUdeviceptr *ptr);
-/* Free stream-ordered on stream and take the bytes off the accounting. */
-void sci_device_free(sci_context *c, CUstream stream, CUdeviceptr ptr, uint64_t bytes);
+/* Free stream-ordered on stream (nothing to free on a lost context: the memory goes with
+ * the context) and take the buffer off the accounting. Returns cuMemFreeAsync's answer;
+ * the caller reports it. A free refused with a non-sticky error leaves the memory
+ * allocated: its bytes stay in bytes_in_use (against the budget) for good. */
+CUresult sci_device_free(sci_context *c, CUstream stream, CUdeviceptr ptr, uint64_t bytes);
 
 #endif

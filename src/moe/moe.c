@@ -78,7 +78,10 @@ static void describe_moe(const sci_object *obj, sc_object_info *info)
              (unsigned long long)m->capacity);
 }
 
-static void destroy_leaked_moe(uint64_t id) { moe_destroy(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_moe(uint64_t id)
+{
+    return moe_destroy(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops moe_ops = {"moe layer", describe_moe, destroy_leaked_moe};
 
@@ -87,14 +90,32 @@ __attribute__((constructor)) static void register_moe_kind(void)
     sci_registry_set_ops(SCI_KIND_MOE, &moe_ops);
 }
 
-static void free_workspace(sci_moe *m)
+/* Destroy the workspace buffers (gone either way): the first failure, with its message. */
+static sc_status free_workspace(sci_moe *m, const char *fn)
 {
+    sc_status first = SC_OK;
+    char *message = NULL;
     for (int i = 0; i < W_COUNT; i++) {
-        if (m->ws[i].id)
-            sc_buffer_destroy(m->ws[i]);
+        if (m->ws[i].id) {
+            sc_status s = sci_buffer_destroy(m->ws[i].id, fn);
+            if (s != SC_OK && first == SC_OK) {
+                first = s;
+                message = sci_error_save();
+            }
+        }
         m->ws[i].id = 0;
     }
     m->capacity = 0;
+    sci_error_restore(message);
+    return first;
+}
+
+/* The same on an error path: the error being reported keeps its message. */
+static void free_workspace_quietly(sci_moe *m, const char *fn)
+{
+    char *message = sci_error_save();
+    free_workspace(m, fn);
+    sci_error_restore(message);
 }
 
 /* A tensor map of a bf16 [rows, cols] buffer in boxes of box_rows x 64 (128-byte rows, the
@@ -136,7 +157,9 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         [W_XPERM] = {SC_BF16, m->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0,
                      "moe x in expert order"},
     };
-    free_workspace(m);
+    sc_status freed = free_workspace(m, fn);
+    if (freed != SC_OK)
+        return freed;
     for (int i = 0; i < W_COUNT; i++) {
         if (spec[i].count == 0)
             continue;
@@ -147,11 +170,10 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
                                                             .stream = stream},
                                           &m->ws[i], __FILE__, __LINE__);
         if (s != SC_OK) {
-            free_workspace(m);
+            free_workspace_quietly(m, fn);
             sci_error_append(" (while sizing the %s workspace for %llu tokens)",
                              m->desc.label ? m->desc.label : "moe",
                              (unsigned long long)tokens);
-            (void)fn;
             return s;
         }
         sci_buffer_set_internal(m->ws[i]);
@@ -300,7 +322,7 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     if (s == SC_OK)
         s = sci_registry_insert(&m->obj, SCI_KIND_MOE, c->obj.id, d.label, file, line, fn);
     if (s != SC_OK) {
-        free_workspace(m);
+        free_workspace_quietly(m, fn);
         pthread_mutex_destroy(&m->lock);
         free(m);
     } else {
@@ -317,10 +339,10 @@ static sc_status moe_destroy(uint64_t id, const char *fn)
     if (s != SC_OK)
         return s;
     sci_moe *m = (sci_moe *)obj;
-    free_workspace(m); /* stream-ordered frees, after the forwards that use them */
+    s = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
     pthread_mutex_destroy(&m->lock);
     free(m);
-    return SC_OK;
+    return s;
 }
 
 sc_status sc_moe_destroy(sc_moe layer) { return moe_destroy(layer.id, "sc_moe_destroy"); }

@@ -12,7 +12,10 @@ static void describe_event(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "%s", e->timing ? "timing" : "no timing");
 }
 
-static void destroy_leaked_event(uint64_t id) { event_destroy(id, "sc_context_destroy"); }
+static sc_status destroy_leaked_event(uint64_t id)
+{
+    return event_destroy(id, "sc_context_destroy");
+}
 
 static const sci_kind_ops event_ops = {"event", describe_event, destroy_leaked_event};
 
@@ -64,7 +67,7 @@ sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc, sc_event
     } else {
         s = sci_registry_insert(&e->obj, SCI_KIND_EVENT, c->obj.id, d.label, file, line, fn);
         if (s != SC_OK) {
-            sci_cuEventDestroy(e->cu);
+            s = sci_context_cleanup_cu(c, s, sci_cuEventDestroy(e->cu), "cuEventDestroy");
             free(e);
         } else {
             event->id = e->obj.id;
@@ -81,10 +84,13 @@ static sc_status event_destroy(uint64_t id, const char *fn)
     if (s != SC_OK)
         return s;
     sci_event *e = (sci_event *)obj;
-    sci_cuCtxSetCurrent(e->ctx->cu);
-    sci_cuEventDestroy(e->cu); /* the driver keeps it until pending waits are done */
+    sci_release rl;
+    sci_release_begin(&rl, e->ctx, fn);
+    sci_release_make_current(&rl);
+    /* The driver keeps the event until the waits enqueued on it are done. */
+    sci_release_check(&rl, sci_cuEventDestroy(e->cu), "cuEventDestroy failed");
     free(e);
-    return SC_OK;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_event_destroy(sc_event event) { return event_destroy(event.id, "sc_event_destroy"); }

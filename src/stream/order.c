@@ -10,16 +10,19 @@ void sci_tracker_init(sci_tracker *t, uint64_t owner_id)
     t->owner_id = owner_id;
 }
 
-void sci_tracker_destroy(sci_tracker *t)
+CUresult sci_tracker_destroy(sci_tracker *t)
 {
-    if (t->write.event)
-        sci_cuEventDestroy(t->write.event);
+    CUresult first = CUDA_SUCCESS, r;
+    if (t->write.event && (r = sci_cuEventDestroy(t->write.event)) != CUDA_SUCCESS)
+        first = r;
     for (size_t i = 0; i < t->cap_reads; i++)
-        if (t->reads[i].event)
-            sci_cuEventDestroy(t->reads[i].event);
+        if (t->reads[i].event && (r = sci_cuEventDestroy(t->reads[i].event)) != CUDA_SUCCESS &&
+            first == CUDA_SUCCESS)
+            first = r;
     free(t->reads);
     pthread_mutex_destroy(&t->lock);
     memset(t, 0, sizeof *t);
+    return first;
 }
 
 /* Make sure use->event holds the use: record it now on the use's stream if it was not
@@ -127,59 +130,62 @@ sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool o
 
 /* Record a use on stream into use: at once when the object is shared between streams,
  * otherwise lazily (when a conflict needs the event). */
-static void note_use(sci_tracker *t, sci_use *use, sci_stream *stream)
+static sc_status note_use(sci_tracker *t, sci_use *use, sci_stream *stream, const char *fn)
 {
     use->stream_id = stream->obj.id;
     use->cu = stream->cu;
     use->recorded = false;
     if (!t->eager)
-        return;
+        return SC_OK;
     CUresult r = CUDA_SUCCESS;
+    const char *what = "cuEventCreate of an ordering event failed";
     if (!use->event)
         r = sci_cuEventCreate(&use->event, CU_EVENT_DISABLE_TIMING);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         r = sci_cuEventRecord(use->event, stream->cu);
-    /* On failure the event stays unrecorded: it is recorded lazily when needed. */
+        what = "cuEventRecord of an ordering event failed";
+    }
+    /* On failure the event stays unrecorded: it is recorded lazily when needed. Only a
+     * sticky error can't wait: it is reported (the context is lost). */
     use->recorded = (r == CUDA_SUCCESS);
+    return sci_context_tolerate_cu(stream->ctx, r, fn, "%s", what);
 }
 
-static void record(sci_tracker *t, sci_access_mode mode, sci_stream *stream)
+static sc_status record(sci_tracker *t, sci_access_mode mode, sci_stream *stream,
+                        const char *fn)
 {
     if (mode & SCI_WRITE) {
-        note_use(t, &t->write, stream);
         t->n_reads = 0; /* the events stay in their slots for reuse */
-        return;
+        return note_use(t, &t->write, stream, fn);
     }
-    for (size_t i = 0; i < t->n_reads; i++) {
-        if (t->reads[i].stream_id == stream->obj.id) {
-            note_use(t, &t->reads[i], stream);
-            return;
-        }
-    }
+    for (size_t i = 0; i < t->n_reads; i++)
+        if (t->reads[i].stream_id == stream->obj.id)
+            return note_use(t, &t->reads[i], stream, fn);
     if (t->n_reads == t->cap_reads) {
         size_t cap = t->cap_reads ? t->cap_reads * 2 : 2;
         sci_use *grown = realloc(t->reads, cap * sizeof *grown);
-        if (!grown) {
-            /* Out of host memory: make this read the write so it is still ordered. */
-            note_use(t, &t->write, stream);
-            return;
-        }
+        if (!grown) /* out of host memory: make this read the write so it is still ordered */
+            return note_use(t, &t->write, stream, fn);
         memset(grown + t->cap_reads, 0, (cap - t->cap_reads) * sizeof *grown);
         t->reads = grown;
         t->cap_reads = cap;
     }
-    note_use(t, &t->reads[t->n_reads++], stream);
+    return note_use(t, &t->reads[t->n_reads++], stream, fn);
 }
 
-void sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued)
+sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued,
+                         const char *fn)
 {
     sort_and_merge(acc, &n); /* idempotent: same order and merge as begin */
-    for (size_t i = 0; i < n; i++) {
-        if (enqueued)
-            record(acc[i].tracker, acc[i].mode, stream);
+    sc_status s = SC_OK;
+    for (size_t i = 0; i < n && enqueued; i++) {
+        sc_status r = record(acc[i].tracker, acc[i].mode, stream, fn);
+        if (s == SC_OK)
+            s = r;
     }
     for (size_t j = n; j-- > 0;)
         pthread_mutex_unlock(&acc[j].tracker->lock);
+    return s;
 }
 
 uint64_t sci_tracker_last_stream(const sci_tracker *t)

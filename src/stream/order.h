@@ -33,8 +33,9 @@ typedef struct sci_tracker {
 } sci_tracker;
 
 void sci_tracker_init(sci_tracker *t, uint64_t owner_id);
-/* Destroy the events (the caller made sure the uses are complete or ordered). */
-void sci_tracker_destroy(sci_tracker *t);
+/* Destroy the events (the caller made sure the uses are complete or ordered); the first
+ * failure of cuEventDestroy (the tracker is gone either way). */
+CUresult sci_tracker_destroy(sci_tracker *t);
 
 typedef enum sci_access_mode { SCI_READ = 1, SCI_WRITE = 2, SCI_READ_WRITE = 3 } sci_access_mode;
 
@@ -48,8 +49,12 @@ typedef struct sci_access {
  * locked. */
 sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool order,
                            const char *fn);
-/* Record the uses on stream (when enqueued is true) and unlock. */
-void sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued);
+/* Record the uses on stream (when enqueued is true) and unlock. A use shared between
+ * streams records its event at once; if that fails the event is recorded later, when
+ * needed, except after a sticky error: then the context is lost and this returns
+ * SC_ERR_CONTEXT_LOST (message set), else SC_OK. */
+sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued,
+                         const char *fn);
 
 /* Make stream wait for every use of t on other streams (for frees). t must be locked or
  * otherwise unreachable. */

@@ -12,7 +12,10 @@ static void describe_stream(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "priority %d", s->priority);
 }
 
-static void destroy_leaked_stream(uint64_t id) { stream_destroy(id, true, "sc_context_destroy"); }
+static sc_status destroy_leaked_stream(uint64_t id)
+{
+    return stream_destroy(id, true, "sc_context_destroy");
+}
 
 static const sci_kind_ops stream_ops = {"stream", describe_stream, destroy_leaked_stream};
 
@@ -51,7 +54,7 @@ static sc_status create(sci_context *c, const sc_stream_desc *d, bool is_default
                                        d->label ? d->label : (is_default ? "default" : ""),
                                        file, line, fn);
     if (st != SC_OK) {
-        sci_cuStreamDestroy(s->cu);
+        st = sci_context_cleanup_cu(c, st, sci_cuStreamDestroy(s->cu), "cuStreamDestroy");
         free(s);
         return st;
     }
@@ -80,6 +83,8 @@ sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc, sc_str
 
 sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream **out)
 {
+    /* Held across create(), so two threads can't both create it. create() may mark the
+     * context lost on its way out: that takes only c->lost_lock. */
     pthread_mutex_lock(&c->lock);
     uint64_t id = c->default_stream_id;
     if (id == 0) {
@@ -180,21 +185,20 @@ static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
         return s;
     sci_stream *st = (sci_stream *)obj;
     sci_context *c = st->ctx;
-    s = sci_context_enter(c, fn);
-    if (s == SC_OK) {
-        CUresult r = sci_cuStreamSynchronize(st->cu); /* finish the queued work first */
-        if (r != CUDA_SUCCESS)
-            s = sci_context_fail_cu(c, r, fn, "cuStreamSynchronize before destroy failed");
-    }
-    sci_cuCtxSetCurrent(c->cu);
-    sci_cuStreamDestroy(st->cu);
+    sci_release rl;
+    sci_release_begin(&rl, c, fn);
+    sci_release_make_current(&rl);
+    if (sci_release_live(&rl)) /* finish the queued work first */
+        sci_release_check(&rl, sci_cuStreamSynchronize(st->cu),
+                          "cuStreamSynchronize before destroy failed");
+    sci_release_check(&rl, sci_cuStreamDestroy(st->cu), "cuStreamDestroy failed");
     if (st->is_default) {
         pthread_mutex_lock(&c->lock);
         c->default_stream_id = 0;
         pthread_mutex_unlock(&c->lock);
     }
     free(st);
-    return s;
+    return sci_release_end(&rl);
 }
 
 sc_status sc_stream_destroy(sc_stream stream)

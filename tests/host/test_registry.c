@@ -21,13 +21,15 @@ static void describe_thing(const sci_object *obj, sc_object_info *info)
     info->bytes = 16;
 }
 
-static void destroy_thing(uint64_t id)
+static sc_status destroy_thing(uint64_t id)
 {
     sci_object *obj;
-    if (sci_registry_remove(SCI_KIND_TEST_A, id, "destroy_thing", &obj) == SC_OK) {
+    sc_status s = sci_registry_remove(SCI_KIND_TEST_A, id, "destroy_thing", &obj);
+    if (s == SC_OK) {
         free(obj);
         atomic_fetch_add(&destroyed, 1);
     }
+    return s;
 }
 
 static const sci_kind_ops thing_ops = {"thing", describe_thing, destroy_thing};
