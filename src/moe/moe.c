@@ -185,7 +185,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
             if (s == SC_OK)
                 s = encode_map(m->ws[W_H], rows, I, 64 * tile_shape[t].cons, &m->h_map[t]);
             if (s != SC_OK) {
-                free_workspace(m);
+                free_workspace_quietly(m, fn);
                 sci_error_append(" (while describing the workspace for %llu tokens)",
                                  (unsigned long long)tokens);
                 return s;
