@@ -223,21 +223,20 @@ sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int 
 
 #define PER_LANE (SC_MOE_MAX_EXPERTS / 32)
 
-extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, int *ids,
-                                       float *weights, int *counts, int T, int E, int k,
-                                       int sigmoid, int renormalize, int has_bias)
+// One token's scores and choice, by one warp: ids and weights of its k slots written, each
+// chosen expert counted (counts may be global or shared memory). The logits are read
+// through L2 (__ldcg): in sc_moe_route_small another block of the same launch wrote them.
+__device__ __forceinline__ void topk_token(const float *row, const float *bias, int *ids,
+                                           float *weights, int *counts, int E, int k,
+                                           int sigmoid, int renormalize, int has_bias)
 {
     const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= T)
-        return;
-    const float *row = logits + (long long)t * E;
     float score[PER_LANE], sel[PER_LANE];
     float mx = NEG_INF;
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++) {
         int e = i * 32 + lane;
-        score[i] = e < E ? row[e] : NEG_INF;
+        score[i] = e < E ? __ldcg(row + e) : NEG_INF;
         mx = fmaxf(mx, score[i]);
     }
     if (!sigmoid) {
@@ -301,11 +300,169 @@ extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, i
     }
     if (lane == 0) {
         for (int j = 0; j < k; j++) {
-            ids[(long long)t * k + j] = chosen_e[j];
-            weights[(long long)t * k + j] = renormalize ? chosen_w[j] / total : chosen_w[j];
+            ids[j] = chosen_e[j];
+            weights[j] = renormalize ? chosen_w[j] / total : chosen_w[j];
             atomicAdd(&counts[chosen_e[j]], 1);
         }
     }
+}
+
+extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, int *ids,
+                                       float *weights, int *counts, int T, int E, int k,
+                                       int sigmoid, int renormalize, int has_bias)
+{
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T)
+        return;
+    topk_token(logits + (long long)t * E, bias, ids + (long long)t * k,
+               weights + (long long)t * k, counts, E, k, sigmoid, renormalize, has_bias);
+}
+
+// ---- routing for few tokens (decode): one launch -----------------------------------------
+//
+// For T <= SC_MOE_ROUTE_SMALL_MAX_T. Every block computes logits for SC_MOE_ROUTE_EXPERTS
+// experts (a warp each) and up to SC_MOE_ROUTE_TOKENS tokens; the last block to finish (a
+// ticket counter, reset by that block for the next launch) then does what the separate
+// kernels do for many tokens: scores and top-k, the counts, the row and tile offsets, the
+// permutation, and (gather != 0) x in expert order. Nothing needs zeroing beforehand.
+
+__device__ __forceinline__ float dot8(uint4 a, uint4 b)
+{
+    const unsigned ua[4] = {a.x, a.y, a.z, a.w}, ub[4] = {b.x, b.y, b.z, b.w};
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        s = fmaf(__uint_as_float(ua[q] << 16), __uint_as_float(ub[q] << 16), s);
+        s = fmaf(__uint_as_float(ua[q] & 0xffff0000u), __uint_as_float(ub[q] & 0xffff0000u), s);
+    }
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SC_MOE_ROUTE_EXPERTS)
+sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *logits,
+                   int *ids, float *weights, int *row_offsets, int *tile_offsets,
+                   int *perm_token, float *perm_weight, int *pos, bf16_t *x_perm,
+                   unsigned *ticket, int T, int E, int k, int H, int sigmoid, int renormalize,
+                   int has_bias, int gather)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = blockIdx.x * SC_MOE_ROUTE_EXPERTS + warp;
+    const int t0 = blockIdx.y * SC_MOE_ROUTE_TOKENS;
+    const int nt = min(SC_MOE_ROUTE_TOKENS, T - t0);
+    if (e < E) {
+        float acc[SC_MOE_ROUTE_TOKENS];
+#pragma unroll
+        for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++)
+            acc[j] = 0.f;
+        const uint4 *w = reinterpret_cast<const uint4 *>(wg + (long long)e * H);
+        for (int c = lane; c < H / 8; c += 32) {
+            const uint4 wv = w[c];
+#pragma unroll
+            for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++)
+                if (j < nt)
+                    acc[j] += dot8(wv, reinterpret_cast<const uint4 *>(
+                                           x + (long long)(t0 + j) * H)[c]);
+        }
+#pragma unroll
+        for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++) {
+            float v = acc[j];
+            for (int o = 16; o; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0 && j < nt)
+                logits[(long long)(t0 + j) * E + e] = v;
+        }
+    }
+
+    // The last block does the rest.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(ticket, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+
+    __shared__ int counts[SC_MOE_MAX_EXPERTS], offs[SC_MOE_MAX_EXPERTS], cursor[SC_MOE_MAX_EXPERTS];
+    __shared__ int perm[SC_MOE_ROUTE_SMALL_MAX_T * SC_MOE_MAX_TOPK];
+    __shared__ int warp_rows[SC_MOE_ROUTE_EXPERTS], warp_tiles[SC_MOE_ROUTE_EXPERTS];
+    for (int i = threadIdx.x; i < SC_MOE_MAX_EXPERTS; i += blockDim.x) {
+        counts[i] = 0;
+        cursor[i] = 0;
+    }
+    __syncthreads();
+    for (int t = warp; t < T; t += SC_MOE_ROUTE_EXPERTS)
+        topk_token(logits + (long long)t * E, bias, ids + (long long)t * k,
+                   weights + (long long)t * k, counts, E, k, sigmoid, renormalize, has_bias);
+    __syncthreads();
+    // Exclusive scans of rows and BM-row tiles per expert (one thread per expert: the block
+    // has 32 * SC_MOE_ROUTE_EXPERTS >= SC_MOE_MAX_EXPERTS threads).
+    {
+        const int ee = threadIdx.x;
+        const int rows = ee < E ? counts[ee] : 0, tiles = (rows + BM - 1) / BM;
+        int r = rows, tt = tiles;
+        for (int o = 1; o < 32; o <<= 1) {
+            int ur = __shfl_up_sync(0xffffffffu, r, o), ut = __shfl_up_sync(0xffffffffu, tt, o);
+            if (lane >= o) {
+                r += ur;
+                tt += ut;
+            }
+        }
+        if (lane == 31) {
+            warp_rows[warp] = r;
+            warp_tiles[warp] = tt;
+        }
+        __syncthreads();
+        int br = 0, bt = 0;
+        for (int i = 0; i < warp; i++) {
+            br += warp_rows[i];
+            bt += warp_tiles[i];
+        }
+        if (ee < E) {
+            offs[ee] = br + r - rows;
+            row_offsets[ee] = br + r - rows;
+            tile_offsets[ee] = bt + tt - tiles;
+        }
+        if (ee == E - 1) {
+            row_offsets[E] = br + r;
+            tile_offsets[E] = bt + tt;
+        }
+    }
+    __syncthreads();
+    const int n = T * k;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int ex = ids[i];
+        const int p = offs[ex] + atomicAdd(&cursor[ex], 1);
+        perm[p] = i / k;
+        perm_token[p] = i / k;
+        perm_weight[p] = weights[i];
+        pos[i] = p;
+    }
+    __syncthreads();
+    if (gather)
+        for (int p = warp; p < n; p += SC_MOE_ROUTE_EXPERTS) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[p] * H);
+            uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)p * H);
+            for (int c = lane; c < H / 8; c += 32)
+                dst[c] = src[c];
+        }
+    if (threadIdx.x == 0)
+        *ticket = 0u;
+}
+
+// x in expert order, one warp per row: x_perm[p] = x[perm_token[p]].
+extern "C" __global__ void sc_moe_gather(const int *perm_token, const bf16_t *x, bf16_t *x_perm,
+                                         int rows, int H)
+{
+    const long long p = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (p >= rows)
+        return;
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm_token[p] * H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + p * H);
+    for (int c = lane; c < H / 8; c += 32)
+        dst[c] = src[c];
 }
 
 // ---- offsets: rows and tiles per expert (one block of SC_MOE_MAX_EXPERTS threads) --------

@@ -21,6 +21,17 @@
 #define SC_MOE_TOPK_TOKENS_PER_BLOCK 8 /* one warp per token */
 #define SC_MOE_SCATTER_WARPS 8         /* scatter + gather: one warp per (token, slot) */
 
+/* Routing for few tokens in one launch (sc_moe_route_small): up to MAX_T tokens; a block
+ * has EXPERTS warps (one expert each) over TOKENS tokens; the last block gathers x into
+ * expert order itself up to GATHER_MAX_BYTES, a separate launch does it above. */
+#define SC_MOE_ROUTE_SMALL_MAX_T 64
+#define SC_MOE_ROUTE_EXPERTS 8
+#define SC_MOE_ROUTE_TOKENS 16
+#define SC_MOE_ROUTE_GATHER_MAX_BYTES (256 * 1024)
+#if 32 * SC_MOE_ROUTE_EXPERTS < SC_MOE_MAX_EXPERTS
+#error "sc_moe_route_small scans the experts with one thread each"
+#endif
+
 /* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
  * 64 CONS), BN columns of B per tile (for W13: BN/2 gate + BN/2 up rows, so BN/2 columns
  * of h), K steps of 64 through STAGES TMA stages; GROUP_M M tiles share each N tile. The
@@ -31,7 +42,8 @@
 #define SC_MOE_SM90_LARGE_STAGES 4
 #define SC_MOE_SM90_SMALL_CONS 1
 #define SC_MOE_SM90_SMALL_BN 64
-#define SC_MOE_SM90_SMALL_STAGES 8
+#define SC_MOE_SM90_SMALL_STAGES 4
+#define SC_MOE_SM90_SMALL_CTAS_PER_SM 3
 /* Rows per expert (T k / E on average) up to which the small tile is used. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 64
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row

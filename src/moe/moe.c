@@ -19,6 +19,7 @@ enum {
     K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_COMBINE, /* routing and combine (both) */
     K_W13, K_W2,                                      /* MMA backend */
     K_SCATTER_GATHER, K_W13_L, K_W2_L, K_W13_S, K_W2_S, /* SM90 backend */
+    K_ROUTE_SMALL, K_GATHER,
     K_COUNT
 };
 static const struct {
@@ -38,12 +39,14 @@ static const struct {
     [K_W2_L] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_large", SC_MOE_BACKEND_SM90, SM90_SMEM_L},
     [K_W13_S] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
     [K_W2_S] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
+    [K_ROUTE_SMALL] = {"moe/moe.cu", "sc_moe_route_small", 0, 0},
+    [K_GATHER] = {"moe/moe.cu", "sc_moe_gather", SC_MOE_BACKEND_SM90, 0},
 };
 
 /* Workspace buffers, sized for `capacity` tokens. */
 enum {
     W_LOGITS, W_IDS, W_WEIGHTS, W_COUNTS, W_ROW_OFF, W_TILE_OFF, W_CURSOR, W_PERM_TOKEN,
-    W_PERM_WEIGHT, W_POS, W_H, W_Y, W_NO_BIAS, W_XPERM, W_COUNT
+    W_PERM_WEIGHT, W_POS, W_H, W_Y, W_NO_BIAS, W_XPERM, W_TICKET, W_COUNT
 };
 
 /* The SM90 kernels' two tile shapes and the tensor maps they read through. */
@@ -60,6 +63,7 @@ typedef struct sci_moe {
     sci_context *ctx;
     sc_moe_desc desc;
     sc_moe_backend backend; /* resolved: MMA or SM90 */
+    int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
     sc_kernel kernels[K_COUNT];
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
@@ -140,6 +144,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         sc_dtype dtype;
         uint64_t count;
         const char *label;
+        bool zero;
     } spec[W_COUNT] = {
         [W_LOGITS] = {SC_F32, tokens * E, "moe router logits"},
         [W_IDS] = {SC_I32, rows, "moe expert ids"},
@@ -155,7 +160,8 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         [W_Y] = {SC_BF16, rows * H, "moe y"},
         [W_NO_BIAS] = {SC_F32, 1, "moe no bias"},
         [W_XPERM] = {SC_BF16, m->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0,
-                     "moe x in expert order"},
+                     "moe x in expert order", false},
+        [W_TICKET] = {SC_U32, 1, "moe route ticket", true}, /* sc_moe_route_small resets it */
     };
     sc_status freed = free_workspace(m, fn);
     if (freed != SC_OK)
@@ -167,6 +173,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
                                           &(sc_buffer_desc){.dtype = spec[i].dtype,
                                                             .count = spec[i].count,
                                                             .label = spec[i].label,
+                                                            .zero = spec[i].zero,
                                                             .stream = stream},
                                           &m->ws[i], __FILE__, __LINE__);
         if (s != SC_OK) {
@@ -300,6 +307,11 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->desc = d;
     m->desc.label = NULL;
     m->backend = d.backend;
+    /* A tuning knob: SAFECUDA_MOE_TILE=small|large fixes the SM90 tile shape for every T. */
+    const char *tile_env = getenv("SAFECUDA_MOE_TILE");
+    m->tile_override = tile_env && strcmp(tile_env, "small") == 0   ? TILE_S
+                       : tile_env && strcmp(tile_env, "large") == 0 ? TILE_L
+                                                                    : -1;
     pthread_mutex_init(&m->lock, NULL);
     for (int i = 0; i < K_COUNT && s == SC_OK; i++) {
         if (kernel_table[i].backend && kernel_table[i].backend != (int)m->backend)
@@ -423,8 +435,11 @@ static sc_status steps_finish(steps *st, sc_status s)
 
 /* The tile shape of the SM90 GEMMs for T tokens: the small tile while the average expert
  * gets few rows (decode), where weight streaming decides, the large one otherwise. */
-static int sm90_tile_for(const sc_moe_desc *d, uint64_t T)
+static int sm90_tile_for(const sci_moe *m, uint64_t T)
 {
+    const sc_moe_desc *d = &m->desc;
+    if (m->tile_override >= 0)
+        return m->tile_override;
     uint64_t rows_per_expert = T * (uint64_t)d->top_k / (uint64_t)d->experts;
     return rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS ? TILE_S : TILE_L;
 }
@@ -506,31 +521,91 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sc_launch_desc one_block = {{1, 1, 1}, {SC_MOE_MAX_EXPERTS, 1, 1}, 0};
     sc_launch_desc combine = {{(uint32_t)T, 1, 1}, {SC_MOE_COMBINE_THREADS, 1, 1}, 0};
 
-    if ((s = step(&st, "zero counts")) != SC_OK ||
-        (s = sc_fill(stream, whole(ws[W_COUNTS]), &zero)) != SC_OK)
-        goto unlock;
-    if ((s = step(&st, "router gemm")) != SC_OK ||
-        (s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
-                       sc_arg_in(whole(d->router)), sc_arg_out(whole(ws[W_LOGITS])),
-                       sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H))) != SC_OK)
-        goto unlock;
-    if ((s = step(&st, "scores + top-k")) != SC_OK ||
-        (s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])), sc_arg_in(bias),
-                       sc_arg_out(whole(ws[W_IDS])), sc_arg_out(whole(ws[W_WEIGHTS])),
-                       sc_arg_inout(whole(ws[W_COUNTS])), sc_arg_i32((int32_t)T), sc_arg_i32(E),
-                       sc_arg_i32(k), sc_arg_i32(d->scoring == SC_MOE_SIGMOID),
-                       sc_arg_i32(d->renormalize), sc_arg_i32(d->selection_bias.id != 0))) !=
-            SC_OK)
-        goto unlock;
-    if ((s = step(&st, "offsets")) != SC_OK ||
-        (s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
-                       sc_arg_out(whole(ws[W_ROW_OFF])), sc_arg_out(whole(ws[W_TILE_OFF])),
-                       sc_arg_out(whole(ws[W_CURSOR])), sc_arg_i32(E))) != SC_OK)
-        goto unlock;
+    const bool route_small = T <= SC_MOE_ROUTE_SMALL_MAX_T;
+    if (route_small) {
+        /* One launch: logits, top-k, offsets, permutation (and x in expert order). */
+        const bool gather_here =
+            sm90 && rows * (uint64_t)H * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
+        sc_launch_desc route = {{ceil_div((uint64_t)E, SC_MOE_ROUTE_EXPERTS),
+                                 ceil_div(T, SC_MOE_ROUTE_TOKENS), 1},
+                                {32 * SC_MOE_ROUTE_EXPERTS, 1, 1}, 0};
+        if ((s = step(&st, "route (small T)")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_ROUTE_SMALL], &route, sc_arg_in(xv),
+                           sc_arg_in(whole(d->router)), sc_arg_in(bias),
+                           sc_arg_out(whole(ws[W_LOGITS])), sc_arg_out(whole(ws[W_IDS])),
+                           sc_arg_out(whole(ws[W_WEIGHTS])), sc_arg_out(whole(ws[W_ROW_OFF])),
+                           sc_arg_out(whole(ws[W_TILE_OFF])),
+                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
+                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
+                           sc_arg_out(whole(sm90 ? ws[W_XPERM] : ws[W_H])),
+                           sc_arg_inout(whole(ws[W_TICKET])), sc_arg_i32((int32_t)T),
+                           sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(H),
+                           sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
+                           sc_arg_i32(d->selection_bias.id != 0), sc_arg_i32(gather_here))) !=
+                SC_OK)
+            goto unlock;
+        if (sm90 && !gather_here) {
+            sc_launch_desc g = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
+                                {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0};
+            if ((s = step(&st, "gather x")) != SC_OK ||
+                (s = SC_LAUNCH(stream, kn[K_GATHER], &g, sc_arg_in(whole(ws[W_PERM_TOKEN])),
+                               sc_arg_in(xv), sc_arg_out(whole(ws[W_XPERM])),
+                               sc_arg_i32((int32_t)rows), sc_arg_i32(H))) != SC_OK)
+                goto unlock;
+        }
+    } else {
+        if ((s = step(&st, "zero counts")) != SC_OK ||
+            (s = sc_fill(stream, whole(ws[W_COUNTS]), &zero)) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, "router gemm")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
+                           sc_arg_in(whole(d->router)), sc_arg_out(whole(ws[W_LOGITS])),
+                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, "scores + top-k")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])),
+                           sc_arg_in(bias), sc_arg_out(whole(ws[W_IDS])),
+                           sc_arg_out(whole(ws[W_WEIGHTS])), sc_arg_inout(whole(ws[W_COUNTS])),
+                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(k),
+                           sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
+                           sc_arg_i32(d->selection_bias.id != 0))) != SC_OK)
+            goto unlock;
+        if ((s = step(&st, "offsets")) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
+                           sc_arg_out(whole(ws[W_ROW_OFF])), sc_arg_out(whole(ws[W_TILE_OFF])),
+                           sc_arg_out(whole(ws[W_CURSOR])), sc_arg_i32(E))) != SC_OK)
+            goto unlock;
+        if (sm90) {
+            sc_launch_desc scatter = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
+                                      {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0};
+            if ((s = step(&st, "scatter + gather x")) != SC_OK ||
+                (s = SC_LAUNCH(stream, kn[K_SCATTER_GATHER], &scatter,
+                               sc_arg_in(whole(ws[W_IDS])), sc_arg_in(whole(ws[W_WEIGHTS])),
+                               sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_inout(whole(ws[W_CURSOR])),
+                               sc_arg_out(whole(ws[W_PERM_TOKEN])),
+                               sc_arg_out(whole(ws[W_PERM_WEIGHT])),
+                               sc_arg_out(whole(ws[W_POS])), sc_arg_in(xv),
+                               sc_arg_out(whole(ws[W_XPERM])), sc_arg_i32((int32_t)T),
+                               sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
+                goto unlock;
+        } else {
+            sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0};
+            if ((s = step(&st, "scatter")) != SC_OK ||
+                (s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
+                               sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
+                               sc_arg_inout(whole(ws[W_CURSOR])),
+                               sc_arg_out(whole(ws[W_PERM_TOKEN])),
+                               sc_arg_out(whole(ws[W_PERM_WEIGHT])),
+                               sc_arg_out(whole(ws[W_POS])), sc_arg_i32((int32_t)T),
+                               sc_arg_i32(k))) != SC_OK)
+                goto unlock;
+        }
+    }
     if (sm90) {
-        const int t = sm90_tile_for(d, T);
+        const int t = sm90_tile_for(m, T);
         const int cons = tile_shape[t].cons, bn = tile_shape[t].bn, bm = 64 * cons;
-        const uint32_t sms = (uint32_t)m->ctx->props.sm_count;
+        const uint32_t sms = (uint32_t)m->ctx->props.sm_count *
+                             (t == TILE_S ? SC_MOE_SM90_SMALL_CTAS_PER_SM : 1);
         uint64_t m_tiles = rows / (uint64_t)bm + (uint64_t)E;
         uint64_t tiles13 = m_tiles * ceil_div((uint64_t)I, (uint64_t)bn / 2);
         uint64_t tiles2 = m_tiles * ceil_div((uint64_t)H, (uint64_t)bn);
@@ -539,17 +614,6 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                               (uint32_t)kernel_table[t == TILE_L ? K_W13_L : K_W13_S].smem};
         sc_launch_desc g2 = {{(uint32_t)(tiles2 < sms ? tiles2 : sms), 1, 1},
                              {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes};
-        sc_launch_desc scatter = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
-                                  {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0};
-        if ((s = step(&st, "scatter + gather x")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_SCATTER_GATHER], &scatter, sc_arg_in(whole(ws[W_IDS])),
-                           sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
-                           sc_arg_inout(whole(ws[W_CURSOR])),
-                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
-                           sc_arg_in(xv), sc_arg_out(whole(ws[W_XPERM])),
-                           sc_arg_i32((int32_t)T), sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
-            goto unlock;
         if ((s = step(&st, t == TILE_L ? "w13 gemm (sm90 large)" : "w13 gemm (sm90 small)")) !=
                 SC_OK ||
             (s = SC_LAUNCH(stream, kn[t == TILE_L ? K_W13_L : K_W13_S], &g13,
@@ -568,19 +632,10 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                            sc_arg_i32(I))) != SC_OK)
             goto unlock;
     } else {
-        sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0};
         sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
                                    {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
         sc_launch_desc gemm_w2 = {{max_m_tiles, ceil_div((uint64_t)H, SC_MOE_BN), 1},
                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
-        if ((s = step(&st, "scatter")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
-                           sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
-                           sc_arg_inout(whole(ws[W_CURSOR])),
-                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
-                           sc_arg_i32((int32_t)T), sc_arg_i32(k))) != SC_OK)
-            goto unlock;
         if ((s = step(&st, "w13 gemm (mma)")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_W13], &gemm_w13, sc_arg_in(xv),
                            sc_arg_in(whole(ws[W_PERM_TOKEN])), sc_arg_in(whole(d->w13)),
