@@ -193,14 +193,19 @@ __device__ __forceinline__ bool find_tile(const int *tile_offsets, const int *ro
 // ---- router: logits[T, E] = x[T, H] * Wg[E, H]^T (fp32 out) ------------------------------
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int E, int H)
+sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int E, int H,
+                   int k_chunk)
 {
+    // Split K: block z sums H columns [z k_chunk, (z + 1) k_chunk) into its own slice of
+    // logits ([gridDim.z][T][E]); the top-k kernel adds the slices in order (deterministic).
     extern __shared__ __align__(128) bf16_t smem[];
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int k0 = blockIdx.z * k_chunk, kn = min(k_chunk, H - k0);
+    float *out = logits + (long long)blockIdx.z * T * E;
     Frag f;
-    gemm_tile(f, smem, H, x,
-              [&](int r) -> const bf16_t * { return m0 + r < T ? x + (long long)(m0 + r) * H : nullptr; },
-              [&](int r) -> const bf16_t * { return n0 + r < E ? wg + (long long)(n0 + r) * H : nullptr; });
+    gemm_tile(f, smem, kn, x,
+              [&](int r) -> const bf16_t * { return m0 + r < T ? x + (long long)(m0 + r) * H + k0 : nullptr; },
+              [&](int r) -> const bf16_t * { return n0 + r < E ? wg + (long long)(n0 + r) * H + k0 : nullptr; });
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
@@ -212,9 +217,9 @@ sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int 
                 int col = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
                 if (row < T) {
                     if (col < E)
-                        logits[(long long)row * E + col] = f.acc[mi][ni][2 * h];
+                        out[(long long)row * E + col] = f.acc[mi][ni][2 * h];
                     if (col + 1 < E)
-                        logits[(long long)row * E + col + 1] = f.acc[mi][ni][2 * h + 1];
+                        out[(long long)row * E + col + 1] = f.acc[mi][ni][2 * h + 1];
                 }
             }
 }
@@ -226,9 +231,10 @@ sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int 
 // One token's scores and choice, by one warp: ids and weights of its k slots written, each
 // chosen expert counted (counts may be global or shared memory). The logits are read
 // through L2 (__ldcg): in sc_moe_route_small another block of the same launch wrote them.
-__device__ __forceinline__ void topk_token(const float *row, const float *bias, int *ids,
-                                           float *weights, int *counts, int E, int k,
-                                           int sigmoid, int renormalize, int has_bias)
+__device__ __forceinline__ void topk_token(const float *row, long long split_stride, int splits,
+                                           const float *bias, int *ids, float *weights,
+                                           int *counts, int E, int k, int sigmoid,
+                                           int renormalize, int has_bias)
 {
     const int lane = threadIdx.x & 31;
     float score[PER_LANE], sel[PER_LANE];
@@ -236,7 +242,11 @@ __device__ __forceinline__ void topk_token(const float *row, const float *bias, 
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++) {
         int e = i * 32 + lane;
-        score[i] = e < E ? __ldcg(row + e) : NEG_INF;
+        float v = 0.f;
+        if (e < E)
+            for (int z = 0; z < splits; z++) // the router's K slices, always in this order
+                v += __ldcg(row + z * split_stride + e);
+        score[i] = e < E ? v : NEG_INF;
         mx = fmaxf(mx, score[i]);
     }
     if (!sigmoid) {
@@ -309,13 +319,14 @@ __device__ __forceinline__ void topk_token(const float *row, const float *bias, 
 
 extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, int *ids,
                                        float *weights, int *counts, int T, int E, int k,
-                                       int sigmoid, int renormalize, int has_bias)
+                                       int sigmoid, int renormalize, int has_bias, int splits)
 {
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T)
         return;
-    topk_token(logits + (long long)t * E, bias, ids + (long long)t * k,
-               weights + (long long)t * k, counts, E, k, sigmoid, renormalize, has_bias);
+    topk_token(logits + (long long)t * E, (long long)T * E, splits, bias,
+               ids + (long long)t * k, weights + (long long)t * k, counts, E, k, sigmoid,
+               renormalize, has_bias);
 }
 
 // ---- routing for few tokens (decode): one launch -----------------------------------------
@@ -338,39 +349,71 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b)
     return s;
 }
 
-extern "C" __global__ void __launch_bounds__(32 * SC_MOE_ROUTE_EXPERTS)
+extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
 sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *logits,
                    int *ids, float *weights, int *row_offsets, int *tile_offsets,
                    int *perm_token, float *perm_weight, int *pos, bf16_t *x_perm,
                    unsigned *ticket, int T, int E, int k, int H, int sigmoid, int renormalize,
                    int has_bias, int gather)
 {
+    // Logits of SC_MOE_ROUTE_EXPERTS experts for all T (<= SC_MOE_ROUTE_TOKENS) tokens: the
+    // warps split H, each lane keeps EXPERTS x TOKENS partial sums; x and Wg are read with
+    // unconditional 16-byte loads (rows past T repeat row T - 1, ignored) so that every
+    // load of a step is in flight at once. Then lanes, then warps are summed.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int e = blockIdx.x * SC_MOE_ROUTE_EXPERTS + warp;
-    const int t0 = blockIdx.y * SC_MOE_ROUTE_TOKENS;
-    const int nt = min(SC_MOE_ROUTE_TOKENS, T - t0);
-    if (e < E) {
-        float acc[SC_MOE_ROUTE_TOKENS];
+    constexpr int NW = SC_MOE_ROUTE_THREADS / 32, EX = SC_MOE_ROUTE_EXPERTS,
+                  TK = SC_MOE_ROUTE_TOKENS;
+    const int e0 = blockIdx.x * EX;
+    __shared__ float partial[NW][EX * TK];
+    {
+        float acc[EX][TK];
 #pragma unroll
-        for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++)
-            acc[j] = 0.f;
-        const uint4 *w = reinterpret_cast<const uint4 *>(wg + (long long)e * H);
-        for (int c = lane; c < H / 8; c += 32) {
-            const uint4 wv = w[c];
+        for (int a = 0; a < EX; a++)
 #pragma unroll
-            for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++)
-                if (j < nt)
-                    acc[j] += dot8(wv, reinterpret_cast<const uint4 *>(
-                                           x + (long long)(t0 + j) * H)[c]);
+            for (int j = 0; j < TK; j++)
+                acc[a][j] = 0.f;
+        const int chunks = H / 8;
+        const uint4 *xr[TK];
+#pragma unroll
+        for (int j = 0; j < TK; j++)
+            xr[j] = reinterpret_cast<const uint4 *>(x + (long long)min(j, T - 1) * H);
+        const uint4 *wr[EX];
+#pragma unroll
+        for (int a = 0; a < EX; a++)
+            wr[a] = reinterpret_cast<const uint4 *>(wg + (long long)min(e0 + a, E - 1) * H);
+        for (int c = warp * 32 + lane; c < chunks; c += SC_MOE_ROUTE_THREADS) {
+            uint4 wv[EX], xv[TK];
+#pragma unroll
+            for (int a = 0; a < EX; a++)
+                wv[a] = __ldg(wr[a] + c);
+#pragma unroll
+            for (int j = 0; j < TK; j++)
+                xv[j] = __ldg(xr[j] + c);
+#pragma unroll
+            for (int a = 0; a < EX; a++)
+#pragma unroll
+                for (int j = 0; j < TK; j++)
+                    acc[a][j] += dot8(wv[a], xv[j]);
         }
 #pragma unroll
-        for (int j = 0; j < SC_MOE_ROUTE_TOKENS; j++) {
-            float v = acc[j];
-            for (int o = 16; o; o >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0 && j < nt)
-                logits[(long long)(t0 + j) * E + e] = v;
-        }
+        for (int a = 0; a < EX; a++)
+#pragma unroll
+            for (int j = 0; j < TK; j++) {
+                float v = acc[a][j];
+                for (int o = 16; o; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == 0)
+                    partial[warp][a * TK + j] = v;
+            }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < EX * TK; i += blockDim.x) {
+        const int a = i / TK, j = i % TK;
+        float v = 0.f;
+        for (int w = 0; w < NW; w++) // in warp order: deterministic
+            v += partial[w][i];
+        if (e0 + a < E && j < T)
+            logits[(long long)j * E + e0 + a] = v;
     }
 
     // The last block does the rest.
@@ -386,18 +429,18 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
 
     __shared__ int counts[SC_MOE_MAX_EXPERTS], offs[SC_MOE_MAX_EXPERTS], cursor[SC_MOE_MAX_EXPERTS];
     __shared__ int perm[SC_MOE_ROUTE_SMALL_MAX_T * SC_MOE_MAX_TOPK];
-    __shared__ int warp_rows[SC_MOE_ROUTE_EXPERTS], warp_tiles[SC_MOE_ROUTE_EXPERTS];
+    __shared__ int warp_rows[SC_MOE_ROUTE_THREADS / 32], warp_tiles[SC_MOE_ROUTE_THREADS / 32];
     for (int i = threadIdx.x; i < SC_MOE_MAX_EXPERTS; i += blockDim.x) {
         counts[i] = 0;
         cursor[i] = 0;
     }
     __syncthreads();
-    for (int t = warp; t < T; t += SC_MOE_ROUTE_EXPERTS)
-        topk_token(logits + (long long)t * E, bias, ids + (long long)t * k,
+    for (int t = warp; t < T; t += SC_MOE_ROUTE_THREADS / 32)
+        topk_token(logits + (long long)t * E, 0, 1, bias, ids + (long long)t * k,
                    weights + (long long)t * k, counts, E, k, sigmoid, renormalize, has_bias);
     __syncthreads();
     // Exclusive scans of rows and BM-row tiles per expert (one thread per expert: the block
-    // has 32 * SC_MOE_ROUTE_EXPERTS >= SC_MOE_MAX_EXPERTS threads).
+    // has SC_MOE_ROUTE_THREADS >= SC_MOE_MAX_EXPERTS threads).
     {
         const int ee = threadIdx.x;
         const int rows = ee < E ? counts[ee] : 0, tiles = (rows + BM - 1) / BM;
@@ -441,7 +484,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
     }
     __syncthreads();
     if (gather)
-        for (int p = warp; p < n; p += SC_MOE_ROUTE_EXPERTS) {
+        for (int p = warp; p < n; p += SC_MOE_ROUTE_THREADS / 32) {
             const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[p] * H);
             uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)p * H);
             for (int c = lane; c < H / 8; c += 32)

@@ -22,13 +22,20 @@
 #define SC_MOE_SCATTER_WARPS 8         /* scatter + gather: one warp per (token, slot) */
 
 /* Routing for few tokens in one launch (sc_moe_route_small): up to MAX_T tokens; a block
- * has EXPERTS warps (one expert each) over TOKENS tokens; the last block gathers x into
- * expert order itself up to GATHER_MAX_BYTES, a separate launch does it above. */
-#define SC_MOE_ROUTE_SMALL_MAX_T 64
-#define SC_MOE_ROUTE_EXPERTS 8
+ * of THREADS threads computes the logits of EXPERTS experts for all of them (TOKENS >=
+ * MAX_T), then the last block to finish routes; it gathers x into expert order itself up to
+ * GATHER_MAX_BYTES, a separate launch does it above. */
+#define SC_MOE_ROUTE_SMALL_MAX_T 16
 #define SC_MOE_ROUTE_TOKENS 16
+#define SC_MOE_ROUTE_EXPERTS 2
+#define SC_MOE_ROUTE_THREADS 256
 #define SC_MOE_ROUTE_GATHER_MAX_BYTES (256 * 1024)
-#if 32 * SC_MOE_ROUTE_EXPERTS < SC_MOE_MAX_EXPERTS
+/* The router GEMM for more tokens splits H over up to MAX_SPLIT blocks (each at least
+ * MIN_K columns) while there are fewer output tiles than SMs, up to SPLIT_MAX_T tokens. */
+#define SC_MOE_ROUTER_MAX_SPLIT 16
+#define SC_MOE_ROUTER_MIN_K 256
+#define SC_MOE_ROUTER_SPLIT_MAX_T 2048
+#if SC_MOE_ROUTE_THREADS < SC_MOE_MAX_EXPERTS || SC_MOE_ROUTE_TOKENS < SC_MOE_ROUTE_SMALL_MAX_T
 #error "sc_moe_route_small scans the experts with one thread each"
 #endif
 
@@ -44,8 +51,12 @@
 #define SC_MOE_SM90_SMALL_BN 64
 #define SC_MOE_SM90_SMALL_STAGES 4
 #define SC_MOE_SM90_SMALL_CTAS_PER_SM 3
+/* A medium tile (BN = 128, deeper ring) for tuning comparisons (SAFECUDA_MOE_TILE=medium). */
+#define SC_MOE_SM90_MEDIUM_CONS 2
+#define SC_MOE_SM90_MEDIUM_BN 128
+#define SC_MOE_SM90_MEDIUM_STAGES 6
 /* Rows per expert (T k / E on average) up to which the small tile is used. */
-#define SC_MOE_SM90_SMALL_MAX_ROWS 64
+#define SC_MOE_SM90_SMALL_MAX_ROWS 24
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
  * and tile offsets. */
 #define SC_MOE_SM90_SMEM(CONS, BN, STAGES)                                                \

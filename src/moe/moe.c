@@ -14,12 +14,14 @@
     SC_MOE_SM90_SMEM(SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
 #define SM90_SMEM_S                                                                       \
     SC_MOE_SM90_SMEM(SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
+#define SM90_SMEM_M                                                                       \
+    SC_MOE_SM90_SMEM(SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_STAGES)
 
 enum {
     K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_COMBINE, /* routing and combine (both) */
     K_W13, K_W2,                                      /* MMA backend */
     K_SCATTER_GATHER, K_W13_L, K_W2_L, K_W13_S, K_W2_S, /* SM90 backend */
-    K_ROUTE_SMALL, K_GATHER,
+    K_ROUTE_SMALL, K_GATHER, K_W13_M, K_W2_M,
     K_COUNT
 };
 static const struct {
@@ -41,6 +43,8 @@ static const struct {
     [K_W2_S] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
     [K_ROUTE_SMALL] = {"moe/moe.cu", "sc_moe_route_small", 0, 0},
     [K_GATHER] = {"moe/moe.cu", "sc_moe_gather", SC_MOE_BACKEND_SM90, 0},
+    [K_W13_M] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
+    [K_W2_M] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
 };
 
 /* Workspace buffers, sized for `capacity` tokens. */
@@ -50,12 +54,18 @@ enum {
 };
 
 /* The SM90 kernels' two tile shapes and the tensor maps they read through. */
-enum { TILE_L, TILE_S, N_TILES };
+enum { TILE_L, TILE_S, TILE_M, N_TILES };
 static const struct {
-    int cons, bn;
+    int cons, bn, ctas_per_sm;
+    int k13, k2; /* the kernels */
+    const char *step13, *step2;
 } tile_shape[N_TILES] = {
-    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN},
-    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN},
+    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, 1, K_W13_L, K_W2_L,
+                "w13 gemm (sm90 large)", "w2 gemm (sm90 large)"},
+    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_CTAS_PER_SM,
+                K_W13_S, K_W2_S, "w13 gemm (sm90 small)", "w2 gemm (sm90 small)"},
+    [TILE_M] = {SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, 1, K_W13_M, K_W2_M,
+                "w13 gemm (sm90 medium)", "w2 gemm (sm90 medium)"},
 };
 
 typedef struct sci_moe {
@@ -134,6 +144,15 @@ static sc_status encode_map(sc_buffer b, uint64_t rows, uint64_t cols, uint32_t 
                                 map);
 }
 
+/* Rows of router logits for up to `tokens` tokens: the split router keeps one [T, E] slice
+ * per split of H. */
+static uint64_t logit_rows(uint64_t tokens)
+{
+    uint64_t split_rows = (tokens < SC_MOE_ROUTER_SPLIT_MAX_T ? tokens : SC_MOE_ROUTER_SPLIT_MAX_T) *
+                          SC_MOE_ROUTER_MAX_SPLIT;
+    return tokens > split_rows ? tokens : split_rows;
+}
+
 /* (Re)allocate the workspace for `tokens` tokens on stream (stream-ordered). */
 static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, const char *fn)
 {
@@ -146,7 +165,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         const char *label;
         bool zero;
     } spec[W_COUNT] = {
-        [W_LOGITS] = {SC_F32, tokens * E, "moe router logits"},
+        [W_LOGITS] = {SC_F32, logit_rows(tokens) * E, "moe router logits"},
         [W_IDS] = {SC_I32, rows, "moe expert ids"},
         [W_WEIGHTS] = {SC_F32, rows, "moe routing weights"},
         [W_COUNTS] = {SC_I32, E, "moe expert counts"},
@@ -307,11 +326,12 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->desc = d;
     m->desc.label = NULL;
     m->backend = d.backend;
-    /* A tuning knob: SAFECUDA_MOE_TILE=small|large fixes the SM90 tile shape for every T. */
+    /* A tuning knob: SAFECUDA_MOE_TILE=small|medium|large fixes the SM90 tile shape. */
     const char *tile_env = getenv("SAFECUDA_MOE_TILE");
-    m->tile_override = tile_env && strcmp(tile_env, "small") == 0   ? TILE_S
-                       : tile_env && strcmp(tile_env, "large") == 0 ? TILE_L
-                                                                    : -1;
+    m->tile_override = tile_env && strcmp(tile_env, "small") == 0    ? TILE_S
+                       : tile_env && strcmp(tile_env, "large") == 0  ? TILE_L
+                       : tile_env && strcmp(tile_env, "medium") == 0 ? TILE_M
+                                                                     : -1;
     pthread_mutex_init(&m->lock, NULL);
     for (int i = 0; i < K_COUNT && s == SC_OK; i++) {
         if (kernel_table[i].backend && kernel_table[i].backend != (int)m->backend)
@@ -514,7 +534,23 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     const bool sm90 = m->backend == SC_MOE_BACKEND_SM90;
     sc_view bias = d->selection_bias.id ? whole(d->selection_bias) : whole(ws[W_NO_BIAS]);
     uint32_t max_m_tiles = ceil_div(rows, SC_MOE_BM) + (uint32_t)E;
-    sc_launch_desc gemm_router = {{ceil_div(T, SC_MOE_BM), ceil_div((uint64_t)E, SC_MOE_BN), 1},
+    /* The router splits H while its output tiles leave SMs idle (few tokens). */
+    const uint64_t router_tiles = (uint64_t)ceil_div(T, SC_MOE_BM) * ceil_div((uint64_t)E, SC_MOE_BN);
+    uint64_t splits = 1;
+    if (T <= SC_MOE_ROUTER_SPLIT_MAX_T) {
+        splits = (uint64_t)m->ctx->props.sm_count / router_tiles;
+        if (splits > SC_MOE_ROUTER_MAX_SPLIT)
+            splits = SC_MOE_ROUTER_MAX_SPLIT;
+        if (splits > (uint64_t)H / SC_MOE_ROUTER_MIN_K)
+            splits = (uint64_t)H / SC_MOE_ROUTER_MIN_K;
+        if (splits < 1)
+            splits = 1;
+    }
+    const uint64_t k_chunk = ((uint64_t)ceil_div((uint64_t)H, splits) + SC_MOE_BK - 1) /
+                             SC_MOE_BK * SC_MOE_BK;
+    splits = ceil_div((uint64_t)H, k_chunk);
+    sc_launch_desc gemm_router = {{ceil_div(T, SC_MOE_BM), ceil_div((uint64_t)E, SC_MOE_BN),
+                                   (uint32_t)splits},
                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES};
     sc_launch_desc topk = {{ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1},
                            {32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 1, 1}, 0};
@@ -526,9 +562,8 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         /* One launch: logits, top-k, offsets, permutation (and x in expert order). */
         const bool gather_here =
             sm90 && rows * (uint64_t)H * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
-        sc_launch_desc route = {{ceil_div((uint64_t)E, SC_MOE_ROUTE_EXPERTS),
-                                 ceil_div(T, SC_MOE_ROUTE_TOKENS), 1},
-                                {32 * SC_MOE_ROUTE_EXPERTS, 1, 1}, 0};
+        sc_launch_desc route = {{ceil_div((uint64_t)E, SC_MOE_ROUTE_EXPERTS), 1, 1},
+                                {SC_MOE_ROUTE_THREADS, 1, 1}, 0};
         if ((s = step(&st, "route (small T)")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_ROUTE_SMALL], &route, sc_arg_in(xv),
                            sc_arg_in(whole(d->router)), sc_arg_in(bias),
@@ -560,7 +595,8 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         if ((s = step(&st, "router gemm")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
                            sc_arg_in(whole(d->router)), sc_arg_out(whole(ws[W_LOGITS])),
-                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H))) != SC_OK)
+                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H),
+                           sc_arg_i32((int32_t)k_chunk))) != SC_OK)
             goto unlock;
         if ((s = step(&st, "scores + top-k")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])),
@@ -568,7 +604,8 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                            sc_arg_out(whole(ws[W_WEIGHTS])), sc_arg_inout(whole(ws[W_COUNTS])),
                            sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(k),
                            sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
-                           sc_arg_i32(d->selection_bias.id != 0))) != SC_OK)
+                           sc_arg_i32(d->selection_bias.id != 0), sc_arg_i32((int32_t)splits))) !=
+                SC_OK)
             goto unlock;
         if ((s = step(&st, "offsets")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
@@ -604,27 +641,24 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     if (sm90) {
         const int t = sm90_tile_for(m, T);
         const int cons = tile_shape[t].cons, bn = tile_shape[t].bn, bm = 64 * cons;
-        const uint32_t sms = (uint32_t)m->ctx->props.sm_count *
-                             (t == TILE_S ? SC_MOE_SM90_SMALL_CTAS_PER_SM : 1);
+        const uint32_t max_ctas = (uint32_t)m->ctx->props.sm_count * (uint32_t)tile_shape[t].ctas_per_sm;
         uint64_t m_tiles = rows / (uint64_t)bm + (uint64_t)E;
         uint64_t tiles13 = m_tiles * ceil_div((uint64_t)I, (uint64_t)bn / 2);
         uint64_t tiles2 = m_tiles * ceil_div((uint64_t)H, (uint64_t)bn);
-        sc_launch_desc g13 = {{(uint32_t)(tiles13 < sms ? tiles13 : sms), 1, 1},
+        sc_launch_desc g13 = {{(uint32_t)(tiles13 < max_ctas ? tiles13 : max_ctas), 1, 1},
                               {(uint32_t)(128 * (cons + 1)), 1, 1},
-                              (uint32_t)kernel_table[t == TILE_L ? K_W13_L : K_W13_S].smem};
-        sc_launch_desc g2 = {{(uint32_t)(tiles2 < sms ? tiles2 : sms), 1, 1},
+                              (uint32_t)kernel_table[tile_shape[t].k13].smem};
+        sc_launch_desc g2 = {{(uint32_t)(tiles2 < max_ctas ? tiles2 : max_ctas), 1, 1},
                              {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes};
-        if ((s = step(&st, t == TILE_L ? "w13 gemm (sm90 large)" : "w13 gemm (sm90 small)")) !=
-                SC_OK ||
-            (s = SC_LAUNCH(stream, kn[t == TILE_L ? K_W13_L : K_W13_S], &g13,
+        if ((s = step(&st, tile_shape[t].step13)) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[tile_shape[t].k13], &g13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
                            sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(whole(ws[W_H])),
                            sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
                            sc_arg_i32(H))) != SC_OK)
             goto unlock;
-        if ((s = step(&st, t == TILE_L ? "w2 gemm (sm90 large)" : "w2 gemm (sm90 small)")) !=
-                SC_OK ||
-            (s = SC_LAUNCH(stream, kn[t == TILE_L ? K_W2_L : K_W2_S], &g2,
+        if ((s = step(&st, tile_shape[t].step2)) != SC_OK ||
+            (s = SC_LAUNCH(stream, kn[tile_shape[t].k2], &g2,
                            sc_arg_tensor_map_in(&m->h_map[t]),
                            sc_arg_tensor_map_in(&m->w2_map[t]),
                            sc_arg_in(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_Y])),
