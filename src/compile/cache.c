@@ -100,7 +100,10 @@ static char *read_file(const char *path, size_t *size)
     if (!f)
         return NULL;
     char *data = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
+    /* Only a regular file can be an entry: a directory opens too, and on some file
+     * systems (ext4) its ftell() at SEEK_END answers LONG_MAX. */
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && fseek(f, 0, SEEK_END) == 0) {
         long n = ftell(f);
         if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (data = malloc((size_t)n))) {
             if (fread(data, 1, (size_t)n, f) != (size_t)n) {
