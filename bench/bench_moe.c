@@ -80,6 +80,7 @@ typedef struct point {
     double floor_ms, bw_ms, flop_ms;
     double loop_ms, grouped_ms; /* the peer's, NAN when it has none */
     double flops;               /* of the layer at this T */
+    double host_us;             /* host time of the sc_moe_forward call (median) */
     sc_moe_profile prof;        /* one profiled forward after the timed ones */
 } point;
 
@@ -468,10 +469,13 @@ static sc_buffer new_bf16(env *e, uint64_t count, const char *label)
     return b;
 }
 
-static float time_one(env *e, sc_moe layer, sc_view x, sc_view out)
+/* Device time of one forward (events around it); *host_us: the host time of the call. */
+static float time_one(env *e, sc_moe layer, sc_view x, sc_view out, double *host_us)
 {
     SC_TRY(sc_event_record(e->ev0, e->st));
+    uint64_t h0 = bench_now_ns();
     SC_TRY(sc_moe_forward(e->st, layer, x, out, NULL));
+    *host_us = (double)(bench_now_ns() - h0) * 1e-3;
     SC_TRY(sc_event_record(e->ev1, e->st));
     SC_TRY(sc_event_synchronize(e->ev1));
     float ms = 0.f;
@@ -576,7 +580,7 @@ static void print_row(const args *a, size_t ci, size_t ti)
     printf("  %6" PRIu64 " %10s %10s %8s %6s %8s %10s %11s %8s %10s\n", a->tokens[ti], ours, fl,
            pct, p->bw_ms >= p->flop_ms ? "mem" : "flops", tf, lp, gm, vl, vg);
     if (p->measured && p->prof.steps > 0) {
-        printf("         steps (ms):");
+        printf("         host %.1f us; steps (ms):", p->host_us);
         for (int i = 0; i < p->prof.steps; i++)
             printf(" %s %.3f%s", p->prof.name[i], (double)p->prof.ms[i],
                    i + 1 < p->prof.steps ? " |" : "");
@@ -674,11 +678,12 @@ static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double
             SC_TRY(sc_stream_synchronize(e->st));
         }
         const int reps = reps_for(a, T);
-        double ms[20];
+        double ms[20], host[20];
         for (int r = 0; r < reps; r++)
-            ms[r] = time_one(e, layer, xv[(uint64_t)r % nx], ov);
+            ms[r] = time_one(e, layer, xv[(uint64_t)r % nx], ov, &host[r]);
         point *p = &results[ci][ti];
         p->ours_ms = bench_median(ms, (size_t)reps);
+        p->host_us = bench_median(host, (size_t)reps);
         p->measured = true;
         SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov,
                               &(sc_moe_forward_desc){.profile = &p->prof}));

@@ -43,7 +43,10 @@
  * 64 CONS), BN columns of B per tile (for W13: BN/2 gate + BN/2 up rows, so BN/2 columns
  * of h), K steps of 64 through STAGES TMA stages; GROUP_M M tiles share each N tile. The
  * large tile is for prefill, the small one streams weights for decode. */
-#define SC_MOE_SM90_GROUP_M 16
+/* GROUP_M: M tiles that share each N tile, chosen so that their A rows (GROUP_M x BM x K
+ * bf16) stay within GROUP_BYTES of L2 while the N tiles sweep past, 1 .. GROUP_M_MAX. */
+#define SC_MOE_SM90_GROUP_BYTES (16u << 20)
+#define SC_MOE_SM90_GROUP_M_MAX 16
 #define SC_MOE_SM90_LARGE_CONS 2
 #define SC_MOE_SM90_LARGE_BN 256
 #define SC_MOE_SM90_LARGE_STAGES 4

@@ -218,14 +218,15 @@ struct tile_t {
 // Tile t of m_total x n_tiles in the grouped order, its expert found in the tile offsets
 // (shared memory). False past the last tile.
 template <int BM>
-__device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, const int *tile_off,
-                                         const int *row_off, int E, tile_t &tl)
+__device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, int group_m,
+                                         const int *tile_off, const int *row_off, int E,
+                                         tile_t &tl)
 {
     if (t >= m_total * n_tiles)
         return false;
-    const int per_group = SC_MOE_SM90_GROUP_M * n_tiles;
-    const int group = t / per_group, first_m = group * SC_MOE_SM90_GROUP_M;
-    const int gm = min(SC_MOE_SM90_GROUP_M, m_total - first_m);
+    const int per_group = group_m * n_tiles;
+    const int group = t / per_group, first_m = group * group_m;
+    const int gm = min(group_m, m_total - first_m);
     const int within = t - group * per_group;
     const int m = first_m + within % gm;
     tl.n = within / gm;
@@ -265,7 +266,7 @@ template <int MODE, int CONS, int BN, int STAGES>
 __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *b_map,
                                              bf16_t *out, const float *row_weight,
                                              const int *row_offsets, int E, int N, int K,
-                                             int b_rows_per_expert)
+                                             int b_rows_per_expert, int group_m)
 {
     typedef cfg<CONS, BN, STAGES> C;
     constexpr int BM = C::BM;
@@ -340,7 +341,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
             tma_prefetch_map(b_map);
             int it = 0;
             tile_t tl;
-            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, tile_off, row_off, E, tl);
+            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, E, tl);
                  t += gridDim.x) {
                 const int b_row = tl.e * b_rows_per_expert +
                                   (MODE == MODE_W13 ? tl.n * (BN / 2) : tl.n * BN);
@@ -373,7 +374,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
             acc[i] = 0.f;
         int it = 0;
         tile_t tl;
-        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, tile_off, row_off, E, tl);
+        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, E, tl);
              t += gridDim.x) {
             int prev = -1;
             for (int kt = 0; kt < k_tiles; kt++, it++) {
@@ -451,18 +452,19 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t b_map, bf16_t *h,                \
-                               const int *row_offsets, int E, int I, int H)                    \
+                               const int *row_offsets, int E, int I, int H, int group_m)       \
     {                                                                                          \
         grouped_gemm<MODE_W13, CONS, BN, STAGES>(&a_map, &b_map, h, nullptr, row_offsets, E,   \
-                                                 I, H, 2 * I);                                 \
+                                                 I, H, 2 * I, group_m);                        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
                               const __grid_constant__ tmap_t b_map, const float *perm_weight,  \
-                              bf16_t *y, const int *row_offsets, int E, int H, int I)          \
+                              bf16_t *y, const int *row_offsets, int E, int H, int I,          \
+                              int group_m)                                                     \
     {                                                                                          \
         grouped_gemm<MODE_W2, CONS, BN, STAGES>(&a_map, &b_map, y, perm_weight, row_offsets,   \
-                                                E, H, I, H);                                   \
+                                                E, H, I, H, group_m);                          \
     }
 
 SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)

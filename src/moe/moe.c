@@ -74,6 +74,7 @@ typedef struct sci_moe {
     sc_moe_desc desc;
     sc_moe_backend backend; /* resolved: MMA or SM90 */
     int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
+    int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */
     sc_kernel kernels[K_COUNT];
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
@@ -332,6 +333,10 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
                        : tile_env && strcmp(tile_env, "large") == 0  ? TILE_L
                        : tile_env && strcmp(tile_env, "medium") == 0 ? TILE_M
                                                                      : -1;
+    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
+    m->group_override = group_env ? atoi(group_env) : 0;
+    if (m->group_override < 0 || m->group_override > 1024)
+        m->group_override = 0;
     pthread_mutex_init(&m->lock, NULL);
     for (int i = 0; i < K_COUNT && s == SC_OK; i++) {
         if (kernel_table[i].backend && kernel_table[i].backend != (int)m->backend)
@@ -451,6 +456,15 @@ static sc_status steps_finish(steps *st, sc_status s)
     if (end.id)
         sc_event_destroy(end);
     return s;
+}
+
+/* M tiles per group of the SM90 schedule for A rows of K bf16 in tiles of bm rows. */
+static int sm90_group_m(const sci_moe *m, int bm, int K)
+{
+    if (m->group_override > 0)
+        return m->group_override;
+    uint64_t g = SC_MOE_SM90_GROUP_BYTES / ((uint64_t)bm * (uint64_t)K * 2);
+    return g < 1 ? 1 : g > SC_MOE_SM90_GROUP_M_MAX ? SC_MOE_SM90_GROUP_M_MAX : (int)g;
 }
 
 /* The tile shape of the SM90 GEMMs for T tokens: the small tile while the average expert
@@ -655,7 +669,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
                            sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(whole(ws[W_H])),
                            sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
-                           sc_arg_i32(H))) != SC_OK)
+                           sc_arg_i32(H), sc_arg_i32(sm90_group_m(m, bm, H)))) != SC_OK)
             goto unlock;
         if ((s = step(&st, tile_shape[t].step2)) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[tile_shape[t].k2], &g2,
@@ -663,7 +677,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                            sc_arg_tensor_map_in(&m->w2_map[t]),
                            sc_arg_in(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_Y])),
                            sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
-                           sc_arg_i32(I))) != SC_OK)
+                           sc_arg_i32(I), sc_arg_i32(sm90_group_m(m, bm, I)))) != SC_OK)
             goto unlock;
     } else {
         sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
