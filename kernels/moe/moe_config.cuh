@@ -50,14 +50,22 @@
 #define SC_MOE_SM90_LARGE_CONS 2
 #define SC_MOE_SM90_LARGE_BN 256
 #define SC_MOE_SM90_LARGE_STAGES 4
+#define SC_MOE_SM90_LARGE_A_BOX 64 /* rows per A copy: only the boxes with rows are copied */
 #define SC_MOE_SM90_SMALL_CONS 1
 #define SC_MOE_SM90_SMALL_BN 64
 #define SC_MOE_SM90_SMALL_STAGES 4
+#define SC_MOE_SM90_SMALL_A_BOX 8
 #define SC_MOE_SM90_SMALL_CTAS_PER_SM 3
 /* A medium tile (BN = 128, deeper ring) for tuning comparisons (SAFECUDA_MOE_TILE=medium). */
 #define SC_MOE_SM90_MEDIUM_CONS 2
 #define SC_MOE_SM90_MEDIUM_BN 128
 #define SC_MOE_SM90_MEDIUM_STAGES 6
+#define SC_MOE_SM90_MEDIUM_A_BOX 64
+/* A wide tile (one consumer, BN = 256) for tuning comparisons (SAFECUDA_MOE_TILE=wide). */
+#define SC_MOE_SM90_WIDE_CONS 1
+#define SC_MOE_SM90_WIDE_BN 256
+#define SC_MOE_SM90_WIDE_STAGES 5
+#define SC_MOE_SM90_WIDE_A_BOX 16
 /* Rows per expert (T k / E on average) up to which the small tile is used. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row

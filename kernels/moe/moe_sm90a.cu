@@ -262,7 +262,7 @@ template <int CONS, int BN, int STAGES> struct cfg {
     static constexpr int SMEM = SC_MOE_SM90_SMEM(CONS, BN, STAGES);
 };
 
-template <int MODE, int CONS, int BN, int STAGES>
+template <int MODE, int CONS, int BN, int STAGES, int A_BOX>
 __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *b_map,
                                              bf16_t *out, const float *row_weight,
                                              const int *row_offsets, int E, int N, int K,
@@ -351,8 +351,13 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                     mbar_wait(empty_bar + s * 8, ph ^ 1u);
                     const unsigned fb = full_bar + s * 8;
                     const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
-                    mbar_expect_tx(fb, C::STAGE_BYTES);
-                    tma_load_2d(sa, a_map, kt * 64, tl.row0, fb);
+                    // A: only the boxes of A_BOX rows that hold rows of this expert (a
+                    // decode tile has few); the other rows of the stage keep stale data,
+                    // computed and never stored.
+                    const int a_boxes = (min(BM, tl.row_end - tl.row0) + A_BOX - 1) / A_BOX;
+                    mbar_expect_tx(fb, a_boxes * A_BOX * 128 + C::B_BYTES);
+                    for (int i = 0; i < a_boxes; i++)
+                        tma_load_2d(sa + i * A_BOX * 128, a_map, kt * 64, tl.row0 + i * A_BOX, fb);
                     if (MODE == MODE_W13) {
                         tma_load_2d(sb, b_map, kt * 64, b_row, fb);
                         tma_load_2d(sb + (BN / 2) * 128, b_map, kt * 64, b_row + N, fb);
@@ -448,13 +453,13 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
 // like view arguments. Grid: at most one CTA per SM (persistent); block: 128 * (CONS + 1)
 // threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES).
 
-#define SC_MOE_SM90_KERNELS(NAME, CONS, BN, STAGES)                                          \
+#define SC_MOE_SM90_KERNELS(NAME, CONS, BN, STAGES, A_BOX)                                   \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t b_map, bf16_t *h,                \
                                const int *row_offsets, int E, int I, int H, int group_m)       \
     {                                                                                          \
-        grouped_gemm<MODE_W13, CONS, BN, STAGES>(&a_map, &b_map, h, nullptr, row_offsets, E,   \
+        grouped_gemm<MODE_W13, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, h, nullptr, row_offsets, E,   \
                                                  I, H, 2 * I, group_m);                        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
@@ -463,11 +468,15 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                               bf16_t *y, const int *row_offsets, int E, int H, int I,          \
                               int group_m)                                                     \
     {                                                                                          \
-        grouped_gemm<MODE_W2, CONS, BN, STAGES>(&a_map, &b_map, y, perm_weight, row_offsets,   \
+        grouped_gemm<MODE_W2, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, y, perm_weight, row_offsets,   \
                                                 E, H, I, H, group_m);                          \
     }
 
-SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
-SC_MOE_SM90_KERNELS(small, SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
+SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES,
+                    SC_MOE_SM90_LARGE_A_BOX)
+SC_MOE_SM90_KERNELS(small, SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES,
+                    SC_MOE_SM90_SMALL_A_BOX)
 SC_MOE_SM90_KERNELS(medium, SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN,
-                    SC_MOE_SM90_MEDIUM_STAGES)
+                    SC_MOE_SM90_MEDIUM_STAGES, SC_MOE_SM90_MEDIUM_A_BOX)
+SC_MOE_SM90_KERNELS(wide, SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_STAGES,
+                    SC_MOE_SM90_WIDE_A_BOX)

@@ -16,12 +16,14 @@
     SC_MOE_SM90_SMEM(SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
 #define SM90_SMEM_M                                                                       \
     SC_MOE_SM90_SMEM(SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_STAGES)
+#define SM90_SMEM_W                                                                       \
+    SC_MOE_SM90_SMEM(SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_STAGES)
 
 enum {
     K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_COMBINE, /* routing and combine (both) */
     K_W13, K_W2,                                      /* MMA backend */
     K_SCATTER_GATHER, K_W13_L, K_W2_L, K_W13_S, K_W2_S, /* SM90 backend */
-    K_ROUTE_SMALL, K_GATHER, K_W13_M, K_W2_M,
+    K_ROUTE_SMALL, K_GATHER, K_W13_M, K_W2_M, K_W13_W, K_W2_W,
     K_COUNT
 };
 static const struct {
@@ -45,6 +47,8 @@ static const struct {
     [K_GATHER] = {"moe/moe.cu", "sc_moe_gather", SC_MOE_BACKEND_SM90, 0},
     [K_W13_M] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
     [K_W2_M] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
+    [K_W13_W] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_wide", SC_MOE_BACKEND_SM90, SM90_SMEM_W},
+    [K_W2_W] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_wide", SC_MOE_BACKEND_SM90, SM90_SMEM_W},
 };
 
 /* Workspace buffers, sized for `capacity` tokens. */
@@ -54,19 +58,25 @@ enum {
 };
 
 /* The SM90 kernels' two tile shapes and the tensor maps they read through. */
-enum { TILE_L, TILE_S, TILE_M, N_TILES };
+enum { TILE_L, TILE_S, TILE_M, TILE_W, N_TILES };
 static const struct {
-    int cons, bn, ctas_per_sm;
+    int cons, bn, a_box, ctas_per_sm;
     int k13, k2; /* the kernels */
-    const char *step13, *step2;
+    const char *name;
 } tile_shape[N_TILES] = {
-    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, 1, K_W13_L, K_W2_L,
-                "w13 gemm (sm90 large)", "w2 gemm (sm90 large)"},
-    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_CTAS_PER_SM,
-                K_W13_S, K_W2_S, "w13 gemm (sm90 small)", "w2 gemm (sm90 small)"},
-    [TILE_M] = {SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, 1, K_W13_M, K_W2_M,
-                "w13 gemm (sm90 medium)", "w2 gemm (sm90 medium)"},
+    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_A_BOX, 1,
+                K_W13_L, K_W2_L, "large"},
+    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_A_BOX,
+                SC_MOE_SM90_SMALL_CTAS_PER_SM, K_W13_S, K_W2_S, "small"},
+    [TILE_M] = {SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_A_BOX, 1,
+                K_W13_M, K_W2_M, "medium"},
+    [TILE_W] = {SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_A_BOX, 1, K_W13_W,
+                K_W2_W, "wide"},
 };
+static const char *const step_w13[N_TILES] = {"w13 gemm (sm90 large)", "w13 gemm (sm90 small)",
+                                              "w13 gemm (sm90 medium)", "w13 gemm (sm90 wide)"};
+static const char *const step_w2[N_TILES] = {"w2 gemm (sm90 large)", "w2 gemm (sm90 small)",
+                                             "w2 gemm (sm90 medium)", "w2 gemm (sm90 wide)"};
 
 typedef struct sci_moe {
     sci_object obj;
@@ -207,10 +217,10 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
     }
     if (m->backend == SC_MOE_BACKEND_SM90) {
         for (int t = 0; t < N_TILES; t++) {
-            sc_status s = encode_map(m->ws[W_XPERM], rows, H, 64 * tile_shape[t].cons,
+            sc_status s = encode_map(m->ws[W_XPERM], rows, H, (uint32_t)tile_shape[t].a_box,
                                      &m->xperm_map[t]);
             if (s == SC_OK)
-                s = encode_map(m->ws[W_H], rows, I, 64 * tile_shape[t].cons, &m->h_map[t]);
+                s = encode_map(m->ws[W_H], rows, I, (uint32_t)tile_shape[t].a_box, &m->h_map[t]);
             if (s != SC_OK) {
                 free_workspace_quietly(m, fn);
                 sci_error_append(" (while describing the workspace for %llu tokens)",
@@ -329,10 +339,10 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->backend = d.backend;
     /* A tuning knob: SAFECUDA_MOE_TILE=small|medium|large fixes the SM90 tile shape. */
     const char *tile_env = getenv("SAFECUDA_MOE_TILE");
-    m->tile_override = tile_env && strcmp(tile_env, "small") == 0    ? TILE_S
-                       : tile_env && strcmp(tile_env, "large") == 0  ? TILE_L
-                       : tile_env && strcmp(tile_env, "medium") == 0 ? TILE_M
-                                                                     : -1;
+    m->tile_override = -1;
+    for (int t = 0; t < N_TILES && tile_env; t++)
+        if (strcmp(tile_env, tile_shape[t].name) == 0)
+            m->tile_override = t;
     const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
     m->group_override = group_env ? atoi(group_env) : 0;
     if (m->group_override < 0 || m->group_override > 1024)
@@ -664,14 +674,14 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                               (uint32_t)kernel_table[tile_shape[t].k13].smem};
         sc_launch_desc g2 = {{(uint32_t)(tiles2 < max_ctas ? tiles2 : max_ctas), 1, 1},
                              {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes};
-        if ((s = step(&st, tile_shape[t].step13)) != SC_OK ||
+        if ((s = step(&st, step_w13[t])) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[tile_shape[t].k13], &g13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
                            sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(whole(ws[W_H])),
                            sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
                            sc_arg_i32(H), sc_arg_i32(sm90_group_m(m, bm, H)))) != SC_OK)
             goto unlock;
-        if ((s = step(&st, tile_shape[t].step2)) != SC_OK ||
+        if ((s = step(&st, step_w2[t])) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[tile_shape[t].k2], &g2,
                            sc_arg_tensor_map_in(&m->h_map[t]),
                            sc_arg_tensor_map_in(&m->w2_map[t]),
