@@ -530,7 +530,8 @@ SC_API sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module
                                    const char *file, int line);
 #define sc_module_load(...) sc_module_load_at(__VA_ARGS__, __FILE__, __LINE__)
 /* Load a PTX, cubin or fatbin image from memory (PTX need not be NUL-terminated) or a
- * file. */
+ * file (a regular, non-empty one: a folder, an empty file or an unreadable path is
+ * SC_ERR_IO). */
 SC_API sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t bytes,
                                          sc_module *module, const char *file, int line);
 #define sc_module_load_image(...) sc_module_load_image_at(__VA_ARGS__, __FILE__, __LINE__)

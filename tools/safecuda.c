@@ -5,9 +5,12 @@
  *   safecuda version
  *
  * Exit status: 0 success, 1 failure, 2 no usable driver or device, 64 bad usage. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "safecuda.h"
 
@@ -170,21 +173,30 @@ static int cmd_info(int argc, char **argv)
     return failures ? 1 : 0;
 }
 
-static char *read_text(const char *path)
+/* The whole file, NUL-terminated; NULL with the reason in *why. Only a regular file, sized
+ * by fstat: a folder opens too, and its "size" at SEEK_END can be LONG_MAX (ext4), which
+ * must not become an allocation. */
+static char *read_text(const char *path, const char **why)
 {
     FILE *f = fopen(path, "rb");
-    if (!f)
+    if (!f) {
+        *why = strerror(errno);
         return NULL;
+    }
+    struct stat st;
     char *data = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (data = malloc((size_t)n + 1))) {
-        if (fread(data, 1, (size_t)n, f) != (size_t)n) {
-            free(data);
-            data = NULL;
-        } else {
-            data[n] = '\0';
-        }
+    if (fstat(fileno(f), &st) != 0) {
+        *why = strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        *why = "not a regular file";
+    } else if (!(data = malloc((size_t)st.st_size + 1))) {
+        *why = "out of memory";
+    } else if (fread(data, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
+        *why = "read error";
+        free(data);
+        data = NULL;
+    } else {
+        data[st.st_size] = '\0';
     }
     fclose(f);
     return data;
@@ -231,9 +243,10 @@ static int cmd_compile(int argc, char **argv)
              slash ? path : ".");
     options[n_options++] = include_dir;
     options[n_options] = NULL;
-    char *source = read_text(path);
+    const char *why = NULL;
+    char *source = read_text(path, &why);
     if (!source) {
-        fprintf(stderr, "safecuda compile: cannot read '%s'\n", path);
+        fprintf(stderr, "safecuda compile: cannot read '%s': %s\n", path, why);
         return 1;
     }
     /* With a device (and no --arch), compile for it and report per-kernel resources. */

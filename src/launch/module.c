@@ -1,8 +1,10 @@
 /* Modules (loaded images) and kernels (their functions, with parameter info). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "compile/program.h"
 #include "driver/driver.h"
@@ -184,16 +186,34 @@ sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_module *mo
     FILE *f = fopen(path, "rb");
     if (!f)
         return sci_fail(SC_ERR_IO, fn, "cannot open '%s'", path);
-    char *data = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (data = malloc((size_t)n)) && fread(data, 1, (size_t)n, f) != (size_t)n) {
-        free(data);
-        data = NULL;
+    /* Only a regular file, sized by fstat: a folder opens too, and its "size" at SEEK_END
+     * can be LONG_MAX (ext4), which must not become an allocation. */
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        fclose(f);
+        return sci_fail(SC_ERR_IO, fn, "cannot read '%s': %s", path, strerror(errno));
     }
+    if (!S_ISREG(st.st_mode)) {
+        fclose(f);
+        return sci_fail(SC_ERR_IO, fn, "cannot read '%s': not a regular file", path);
+    }
+    if (st.st_size <= 0) {
+        fclose(f);
+        return sci_fail(SC_ERR_IO, fn, "cannot read '%s': the file is empty", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *data = malloc(n);
+    if (!data) {
+        fclose(f);
+        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate %zu bytes for '%s'",
+                        n, path);
+    }
+    size_t got = fread(data, 1, n, f);
     fclose(f);
-    if (!data)
-        return sci_fail(SC_ERR_IO, fn, "cannot read '%s' (%ld bytes)", path, n);
+    if (got != n) {
+        free(data);
+        return sci_fail(SC_ERR_IO, fn, "cannot read '%s' (%zu of %zu bytes)", path, got, n);
+    }
     sc_status s = sc_module_load_image_at(ctx, data, (uint64_t)n, module, file, line);
     free(data);
     if (s != SC_OK)

@@ -1,14 +1,15 @@
 /* The real library against the fake driver (tests/fake/fake_libcuda.c): buffers, views,
  * host buffers, copies (the fake's "device" memory is host memory, so data round trips
  * are checked byte for byte), fills, streams, events, cross-stream ordering, accounting,
- * leak reports, stale handles and launch argument checks against a hand-written PTX
- * module. At the end every object the fake holds is back to where it started and the
+ * leak reports, stale handles, launch argument checks against a hand-written PTX
+ * module and loading modules from files. At the end every object the fake holds is back to where it started and the
  * fake saw no misuse (no out-of-range pointer, no unknown handle).
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "../test.h"
 #include "core/registry.h"
@@ -790,6 +791,54 @@ static void test_launch(void)
     CHECK_OK(sc_buffer_destroy(b));
 }
 
+/* ---- modules from files --------------------------------------------------------------------- */
+
+static void test_module_files(void)
+{
+    long modules0 = fake.live_modules();
+    sc_module m = {0};
+
+    /* A regular file: its bytes are the image. */
+    char path[] = "/tmp/safecuda-test-module-XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, fake_test_ptx, sizeof fake_test_ptx - 1) ==
+            (ssize_t)(sizeof fake_test_ptx - 1));
+    REQUIRE(close(fd) == 0);
+    CHECK_OK(sc_module_load_file(ctx, path, &m));
+    CHECK(fake.live_modules() == modules0 + 1);
+    sc_kernel add;
+    CHECK_OK(sc_kernel_get(m, "add", &add));
+    CHECK_OK(sc_module_destroy(m));
+
+    /* An empty file: no image, said so; the driver is not asked. */
+    REQUIRE(truncate(path, 0) == 0);
+    m.id = 12345;
+    CHECK_FAIL(sc_module_load_file(ctx, path, &m), SC_ERR_IO, "sc_module_load_file");
+    CHECK_MSG(path);
+    CHECK_MSG("empty");
+    CHECK(m.id == 0);
+    unlink(path);
+
+    /* A folder opens like a file, and ftell at its end answers LONG_MAX on ext4: it is
+     * refused for what it is, with no allocation of that size (an abort under ASan). */
+    char dir[] = "/tmp/safecuda-test-module-dir-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    m.id = 12345;
+    CHECK_FAIL(sc_module_load_file(ctx, dir, &m), SC_ERR_IO, "sc_module_load_file");
+    CHECK_MSG(dir);
+    CHECK_MSG("not a regular file");
+    CHECK(m.id == 0);
+    rmdir(dir);
+
+    /* A path that does not exist. */
+    CHECK_FAIL(sc_module_load_file(ctx, path, &m), SC_ERR_IO, "sc_module_load_file");
+    CHECK_MSG(path);
+    CHECK(m.id == 0);
+    CHECK(fake.live_modules() == modules0);
+    CHECK_OK(sc_context_check(ctx));
+}
+
 /* ---- several threads on one context -------------------------------------------------------- */
 
 static void *worker(void *arg)
@@ -848,6 +897,7 @@ int main(void)
     test_stale_handles();
     test_leak_report();
     test_launch();
+    test_module_files();
     test_threads();
     size_t live = 99;
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));

@@ -1,5 +1,8 @@
-/* The command-line tool without a driver: a clear reason and exit status 2. */
+/* The command-line tool without a driver: a clear reason and exit status 2; inputs it
+ * cannot read: a clear reason and exit status 1. */
+#define _POSIX_C_SOURCE 200809L
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../test.h"
 
@@ -35,6 +38,29 @@ int main(void)
 
     snprintf(cmd, sizeof cmd, "'%s' info --bogus 2>&1", SAFECUDA_CLI);
     CHECK(run(cmd, out, sizeof out) == 64);
+
+    /* A folder as the source: it opens like a file and its size at SEEK_END is LONG_MAX
+     * on ext4, which must not become an allocation (an abort under ASan). */
+    char dir[] = "/tmp/safecuda-test-cli-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd,
+             "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' compile '%s' --arch sm_90 2>&1",
+             SAFECUDA_CLI, dir);
+    CHECK(run(cmd, out, sizeof out) == 1);
+    CHECK(strstr(out, "safecuda compile: cannot read") != NULL);
+    CHECK(strstr(out, dir) != NULL);
+    CHECK(strstr(out, "not a regular file") != NULL);
+    CHECK(strstr(out, "AddressSanitizer") == NULL);
+    rmdir(dir);
+
+    /* A source that does not exist. */
+    snprintf(cmd, sizeof cmd,
+             "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' compile '%s/k.cu' --arch sm_90 "
+             "2>&1",
+             SAFECUDA_CLI, dir);
+    CHECK(run(cmd, out, sizeof out) == 1);
+    CHECK(strstr(out, "safecuda compile: cannot read") != NULL);
+    CHECK(strstr(out, "No such file or directory") != NULL);
 
     snprintf(cmd, sizeof cmd, "'%s' version", SAFECUDA_CLI);
     CHECK(run(cmd, out, sizeof out) == 0);
