@@ -584,6 +584,14 @@ typedef struct sc_launch_desc {
     sc_dim3 grid;          /* x is required; y and z default to 1 */
     sc_dim3 block;         /* x is required; y and z default to 1 */
     uint32_t shared_bytes; /* dynamic shared memory */
+    /* Programmatic dependent launch (sm_90+, CUDA 12.0+ drivers; ignored elsewhere): the
+     * kernel may start while the previous kernel on the stream is still running, so that
+     * its launch and prologue overlap that kernel's tail. In exchange the kernel MUST
+     * execute `griddepcontrol.wait` (cudaGridDependencySynchronize) in every thread before
+     * it reads or writes anything the previous kernels touch, and before it exits: that
+     * is what keeps the stream's order, and safecuda can't check it. Copies, fills and
+     * event waits stay fully ordered. */
+    bool programmatic;
 } sc_launch_desc;
 
 /* A grid/block covering n elements with one thread each, at the block size the

@@ -12,6 +12,7 @@
 // Tuning parameters: moe/moe_config.cuh.
 
 #include "moe/moe_config.cuh"
+#include "moe/moe_device.cuh"
 
 typedef unsigned short bf16_t;
 
@@ -196,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int E, int H,
                    int k_chunk)
 {
+    griddep_enter();
     // Split K: block z sums H columns [z k_chunk, (z + 1) k_chunk) into its own slice of
     // logits ([gridDim.z][T][E]); the top-k kernel adds the slices in order (deterministic).
     extern __shared__ __align__(128) bf16_t smem[];
@@ -321,6 +323,7 @@ extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, i
                                        float *weights, int *counts, int T, int E, int k,
                                        int sigmoid, int renormalize, int has_bias, int splits)
 {
+    griddep_enter();
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T)
         return;
@@ -356,6 +359,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
                    unsigned *ticket, int T, int E, int k, int H, int sigmoid, int renormalize,
                    int has_bias, int gather)
 {
+    griddep_enter();
     // Logits of SC_MOE_ROUTE_EXPERTS experts for all T (<= SC_MOE_ROUTE_TOKENS) tokens: the
     // warps split H, each lane keeps EXPERTS x TOKENS partial sums; x and Wg are read with
     // unconditional 16-byte loads (rows past T repeat row T - 1, ignored) so that every
@@ -498,6 +502,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
 extern "C" __global__ void sc_moe_gather(const int *perm_token, const bf16_t *x, bf16_t *x_perm,
                                          int rows, int H)
 {
+    griddep_enter();
     const long long p = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (p >= rows)
@@ -516,6 +521,7 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const bf16_t *x,
 extern "C" __global__ void sc_moe_offsets(const int *counts, int *row_offsets, int *tile_offsets,
                                           int *cursor, int E)
 {
+    griddep_enter();
     __shared__ int warp_rows[SC_MOE_MAX_EXPERTS / 32], warp_tiles[SC_MOE_MAX_EXPERTS / 32];
     const int e = threadIdx.x, lane = e & 31, w = e >> 5;
     const int rows = e < E ? counts[e] : 0, tiles = (rows + BM - 1) / BM;
@@ -554,6 +560,7 @@ extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
                                           const int *row_offsets, int *cursor, int *perm_token,
                                           float *perm_weight, int *pos, int T, int k)
 {
+    griddep_enter();
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= (long long)T * k)
         return;
@@ -572,6 +579,7 @@ extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *we
                                                  const bf16_t *x, bf16_t *x_perm, int T, int k,
                                                  int H)
 {
+    griddep_enter();
     const long long i = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (i >= (long long)T * k)
@@ -601,6 +609,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 sc_moe_gemm_w13(const bf16_t *x, const int *perm_token, const bf16_t *w13, bf16_t *h,
                 const int *tile_offsets, const int *row_offsets, int E, int I, int H)
 {
+    griddep_enter();
     extern __shared__ __align__(128) bf16_t smem[];
     int e, row0, row_end;
     if (!find_tile(tile_offsets, row_offsets, E, &e, &row0, &row_end))
@@ -643,6 +652,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const float *perm_weight, bf16_t *y,
                const int *tile_offsets, const int *row_offsets, int E, int H, int I)
 {
+    griddep_enter();
     extern __shared__ __align__(128) bf16_t smem[];
     int e, row0, row_end;
     if (!find_tile(tile_offsets, row_offsets, E, &e, &row0, &row_end))
@@ -682,6 +692,7 @@ sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const float *perm_weight, bf16
 extern "C" __global__ void sc_moe_combine(const bf16_t *y, const int *pos, bf16_t *out, int T,
                                           int k, int H)
 {
+    griddep_enter();
     const int t = blockIdx.x;
     if (t >= T)
         return;

@@ -21,6 +21,7 @@
 // Tuning parameters: moe/moe_config.cuh (SC_MOE_SM90_*).
 
 #include "moe/moe_config.cuh"
+#include "moe/moe_device.cuh"
 
 typedef unsigned short bf16_t;
 
@@ -281,6 +282,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     int *row_off = tile_off + SC_MOE_MAX_EXPERTS + 1;
 
     const int tid = threadIdx.x;
+    griddep_enter(); // (a programmatic launch: see moe_device.cuh)
     // The offsets: rows per expert from row_offsets, M tiles per expert scanned (one warp
     // per 32 experts, then a scan of the warp totals by warp 0).
     __shared__ int warp_sums[SC_MOE_MAX_EXPERTS / 32];

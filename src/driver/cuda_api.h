@@ -136,6 +136,27 @@ typedef struct {
 
 typedef int CUjit_option;
 
+/* Extensible launches (cuLaunchKernelEx, CUDA 12.0): only the attribute safecuda sets,
+ * programmatic stream serialization (dependent launch, sm_90+), is declared. */
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+typedef struct CUlaunchAttribute_st {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        int programmatic_stream_serialization_allowed;
+        unsigned long long align;
+    } value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+    unsigned gridDimX, gridDimY, gridDimZ;
+    unsigned blockDimX, blockDimY, blockDimZ;
+    unsigned sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+
 /* Tensor maps (the bulk tensor copy engine of sm_90+): 128 opaque bytes, 64-byte aligned. */
 typedef uint32_t cuuint32_t;
 typedef struct CUtensorMap_st { _Alignas(64) cuuint64_t opaque[16]; } CUtensorMap;
@@ -261,6 +282,9 @@ enum {
        int interleave, int swizzle, int l2_promotion, int oob_fill),                           \
       (map, dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle,    \
        l2_promotion, oob_fill))                                                                \
+    X(cuLaunchKernelEx, 12000, 0,                                                              \
+      (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),               \
+      (config, f, params, extra))                                                              \
     X(cuLaunchKernel, 4000, 1,                                                                 \
       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,          \
        unsigned bz, unsigned shared, CUstream s, void **params, void **extra),                 \

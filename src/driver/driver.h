@@ -26,6 +26,8 @@ bool sci_driver_has_devices(void);
 bool sci_driver_has_param_info(void);
 /* cuTensorMapEncodeTiled is there (CUDA 12.0+ drivers). */
 bool sci_driver_has_tensor_maps(void);
+/* cuLaunchKernelEx is there (CUDA 12.0+ drivers). */
+bool sci_driver_has_launch_ex(void);
 
 sc_status sci_nvrtc_load(void);
 const char *sci_nvrtc_load_message(void);

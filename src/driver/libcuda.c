@@ -168,6 +168,7 @@ const char *sci_driver_library_path(void) { return library_path; }
 bool sci_driver_has_devices(void) { return has_devices; }
 bool sci_driver_has_param_info(void) { return sci_cu_table.cuFuncGetParamInfo != NULL; }
 bool sci_driver_has_tensor_maps(void) { return sci_cu_table.cuTensorMapEncodeTiled != NULL; }
+bool sci_driver_has_launch_ex(void) { return sci_cu_table.cuLaunchKernelEx != NULL; }
 
 /* ---- error names ----------------------------------------------------------------------- */
 

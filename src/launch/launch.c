@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "driver/driver.h"
 #include "launch/module.h"
 #include "memory/buffer.h"
 
@@ -291,9 +292,21 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
         if (s == SC_OK) {
             s = sci_access_begin(acc, n_acc, st, k->ctx->tracking, fn);
             if (s == SC_OK) {
-                CUresult r = sci_cuLaunchKernel(k->fn, grid.x, grid.y, grid.z, block.x, block.y,
-                                                block.z, desc->shared_bytes, st->cu,
-                                                nargs ? params : NULL, NULL);
+                CUresult r;
+                if (desc->programmatic && k->ctx->props.cc_major >= 9 &&
+                    sci_driver_has_launch_ex()) {
+                    CUlaunchAttribute attr;
+                    memset(&attr, 0, sizeof attr);
+                    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                    attr.value.programmatic_stream_serialization_allowed = 1;
+                    const CUlaunchConfig cfg = {grid.x, grid.y, grid.z, block.x, block.y,
+                                                block.z, desc->shared_bytes, st->cu, &attr, 1};
+                    r = sci_cuLaunchKernelEx(&cfg, k->fn, nargs ? params : NULL, NULL);
+                } else {
+                    r = sci_cuLaunchKernel(k->fn, grid.x, grid.y, grid.z, block.x, block.y,
+                                           block.z, desc->shared_bytes, st->cu,
+                                           nargs ? params : NULL, NULL);
+                }
                 s = sci_access_end(acc, n_acc, st, r == CUDA_SUCCESS, fn);
                 if (r != CUDA_SUCCESS)
                     s = sci_context_fail_cu(k->ctx, r, fn, "cuLaunchKernel('%s')", k->display);

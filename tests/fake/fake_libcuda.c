@@ -1975,6 +1975,31 @@ static CUresult f_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
     return r; /* nothing runs: this is not a GPU */
 }
 
+/* The extensible launch: the configuration validated, then the launch as cuLaunchKernel
+ * (the fake runs nothing, so a programmatic dependency changes nothing here). */
+static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                                   void **extra)
+{
+    if (!c) {
+        pthread_mutex_lock(&lock);
+        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx", "NULL config");
+        pthread_mutex_unlock(&lock);
+        return r;
+    }
+    if (c->numAttrs && !c->attrs) {
+        pthread_mutex_lock(&lock);
+        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx", "%u attributes, NULL list",
+                         c->numAttrs);
+        pthread_mutex_unlock(&lock);
+        return r;
+    }
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id != CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows no other attribute */
+    return f_cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                            c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra);
+}
+
 /* ---- cuGetProcAddress ---------------------------------------------------------------------- */
 
 /* Names are compared exactly. */

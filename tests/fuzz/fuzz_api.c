@@ -624,11 +624,12 @@ static sc_status op_launch(void)
     if (byte() % 4 == 0) {
         d = (sc_launch_desc){{(uint32_t)bytes_le(4), (uint32_t)bytes_le(4), (uint32_t)bytes_le(4)},
                              {(uint32_t)bytes_le(2), (uint32_t)bytes_le(2), (uint32_t)bytes_le(1)},
-                             (uint32_t)bytes_le(4)};
+                             (uint32_t)bytes_le(4), false};
     } else {
         d = (sc_launch_desc){{1u + byte(), 0, 0}, {32u * (1 + byte() % 40), 0, 0},
-                             (byte() % 8 == 0) ? (uint32_t)bytes_le(3) : 0};
+                             (byte() % 8 == 0) ? (uint32_t)bytes_le(3) : 0, false};
     }
+    d.programmatic = (byte() & 0x40) != 0;
     sc_arg args[6];
     size_t nargs = byte() % 7;
     for (size_t a = 0; a < nargs; a++) {

@@ -1,0 +1,33 @@
+// Device helpers shared by the MoE kernels (CUDA C++ only; moe_config.cuh is the part the
+// host code shares).
+#ifndef SC_MOE_DEVICE_CUH
+#define SC_MOE_DEVICE_CUH
+
+// Programmatic dependent launch (sm_90+). The host launches every kernel of a forward with
+// sc_launch_desc.programmatic, so a kernel may start while the one before it still runs:
+// each kernel calls griddep_wait() in every thread before its first access to global
+// memory, which waits for the previous grids to complete and their writes to be visible.
+// griddep_launch_dependents() lets the next kernel be scheduled (it still waits the same
+// way). Both are no-ops in a normal launch and before sm_90.
+__device__ __forceinline__ void griddep_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Both, at the top of a kernel: schedule the next kernel, then wait for the previous ones.
+__device__ __forceinline__ void griddep_enter()
+{
+    griddep_launch_dependents();
+    griddep_wait();
+}
+
+#endif
