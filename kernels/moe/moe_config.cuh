@@ -21,6 +21,9 @@
 #define SC_MOE_TOPK_TOKENS_PER_BLOCK 8 /* one warp per token */
 #define SC_MOE_SCATTER_WARPS 8         /* scatter + gather: one warp per (token, slot) */
 
+/* Up to this many tokens the forward's kernels are programmatic dependent launches. */
+#define SC_MOE_PDL_MAX_T 64
+
 /* Routing for few tokens in one launch (sc_moe_route_small): up to MAX_T tokens; a block
  * of THREADS threads computes the logits of EXPERTS experts for all of them (TOKENS >=
  * MAX_T), then the last block to finish routes; it gathers x into expert order itself up to

@@ -85,6 +85,7 @@ typedef struct sci_moe {
     sc_moe_backend backend; /* resolved: MMA or SM90 */
     int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
     int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */
+    bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
     sc_kernel kernels[K_COUNT];
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
@@ -343,6 +344,8 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     for (int t = 0; t < N_TILES && tile_env; t++)
         if (strcmp(tile_env, tile_shape[t].name) == 0)
             m->tile_override = t;
+    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
+    m->pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
     const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
     m->group_override = group_env ? atoi(group_env) : 0;
     if (m->group_override < 0 || m->group_override > 1024)
@@ -558,9 +561,12 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     const bool sm90 = m->backend == SC_MOE_BACKEND_SM90;
     sc_view bias = d->selection_bias.id ? whole(d->selection_bias) : whole(ws[W_NO_BIAS]);
     uint32_t max_m_tiles = ceil_div(rows, SC_MOE_BM) + (uint32_t)E;
-    /* Every kernel of the forward is a programmatic dependent launch: each waits
-     * (griddepcontrol.wait) before it touches memory, so its launch overlaps the tail of the
-     * kernel before it. The router splits H while its output tiles leave SMs idle. */
+    /* For few tokens (decode) every kernel of the forward is a programmatic dependent launch:
+     * each waits (griddepcontrol.wait) before it touches memory, so its launch overlaps the
+     * tail of the kernel before it, microseconds that matter when the whole forward takes
+     * tens of them. SAFECUDA_MOE_PDL=0 turns it off (for comparisons). The router splits H
+     * while its output tiles leave SMs idle. */
+    const bool pdl = T <= SC_MOE_PDL_MAX_T && m->pdl;
     const uint64_t router_tiles = (uint64_t)ceil_div(T, SC_MOE_BM) * ceil_div((uint64_t)E, SC_MOE_BN);
     uint64_t splits = 1;
     if (T <= SC_MOE_ROUTER_SPLIT_MAX_T) {
@@ -577,11 +583,11 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     splits = ceil_div((uint64_t)H, k_chunk);
     sc_launch_desc gemm_router = {{ceil_div(T, SC_MOE_BM), ceil_div((uint64_t)E, SC_MOE_BN),
                                    (uint32_t)splits},
-                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, true};
+                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
     sc_launch_desc topk = {{ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1},
-                           {32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 1, 1}, 0, true};
-    sc_launch_desc one_block = {{1, 1, 1}, {SC_MOE_MAX_EXPERTS, 1, 1}, 0, true};
-    sc_launch_desc combine = {{(uint32_t)T, 1, 1}, {SC_MOE_COMBINE_THREADS, 1, 1}, 0, true};
+                           {32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 1, 1}, 0, pdl};
+    sc_launch_desc one_block = {{1, 1, 1}, {SC_MOE_MAX_EXPERTS, 1, 1}, 0, pdl};
+    sc_launch_desc combine = {{(uint32_t)T, 1, 1}, {SC_MOE_COMBINE_THREADS, 1, 1}, 0, pdl};
 
     const bool route_small = T <= SC_MOE_ROUTE_SMALL_MAX_T;
     if (route_small) {
@@ -589,7 +595,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         const bool gather_here =
             sm90 && rows * (uint64_t)H * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
         sc_launch_desc route = {{ceil_div((uint64_t)E, SC_MOE_ROUTE_EXPERTS), 1, 1},
-                                {SC_MOE_ROUTE_THREADS, 1, 1}, 0, true};
+                                {SC_MOE_ROUTE_THREADS, 1, 1}, 0, pdl};
         if ((s = step(&st, "route (small T)")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_ROUTE_SMALL], &route, sc_arg_in(xv),
                            sc_arg_in(whole(d->router)), sc_arg_in(bias),
@@ -607,7 +613,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
             goto unlock;
         if (sm90 && !gather_here) {
             sc_launch_desc g = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
-                                {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, true};
+                                {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, pdl};
             if ((s = step(&st, "gather x")) != SC_OK ||
                 (s = SC_LAUNCH(stream, kn[K_GATHER], &g, sc_arg_in(whole(ws[W_PERM_TOKEN])),
                                sc_arg_in(xv), sc_arg_out(whole(ws[W_XPERM])),
@@ -640,7 +646,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
             goto unlock;
         if (sm90) {
             sc_launch_desc scatter = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
-                                      {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, true};
+                                      {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, pdl};
             if ((s = step(&st, "scatter + gather x")) != SC_OK ||
                 (s = SC_LAUNCH(stream, kn[K_SCATTER_GATHER], &scatter,
                                sc_arg_in(whole(ws[W_IDS])), sc_arg_in(whole(ws[W_WEIGHTS])),
@@ -652,7 +658,7 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
                 goto unlock;
         } else {
-            sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0, true};
+            sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0, pdl};
             if ((s = step(&st, "scatter")) != SC_OK ||
                 (s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
                                sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
@@ -673,9 +679,9 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         uint64_t tiles2 = m_tiles * ceil_div((uint64_t)H, (uint64_t)bn);
         sc_launch_desc g13 = {{(uint32_t)(tiles13 < max_ctas ? tiles13 : max_ctas), 1, 1},
                               {(uint32_t)(128 * (cons + 1)), 1, 1},
-                              (uint32_t)kernel_table[tile_shape[t].k13].smem, true};
+                              (uint32_t)kernel_table[tile_shape[t].k13].smem, pdl};
         sc_launch_desc g2 = {{(uint32_t)(tiles2 < max_ctas ? tiles2 : max_ctas), 1, 1},
-                             {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes, true};
+                             {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes, pdl};
         if ((s = step(&st, step_w13[t])) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[tile_shape[t].k13], &g13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
@@ -693,9 +699,9 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
             goto unlock;
     } else {
         sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
-                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, true};
+                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
         sc_launch_desc gemm_w2 = {{max_m_tiles, ceil_div((uint64_t)H, SC_MOE_BN), 1},
-                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, true};
+                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
         if ((s = step(&st, "w13 gemm (mma)")) != SC_OK ||
             (s = SC_LAUNCH(stream, kn[K_W13], &gemm_w13, sc_arg_in(xv),
                            sc_arg_in(whole(ws[W_PERM_TOKEN])), sc_arg_in(whole(d->w13)),
