@@ -881,6 +881,98 @@ static void test_threads(void)
     CHECK(m.bytes_in_use == 0 && m.live_buffers == 0);
 }
 
+/* Tensor maps: encoding checks, a launch that passes one (checked like a view), and a map
+ * whose buffer was destroyed. */
+static const char tmap_ptx[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .entry copy_tile(\n"
+    "    .param .align 64 .b8 copy_tile_param_0[128],\n"
+    "    .param .u64 copy_tile_param_1\n"
+    ")\n"
+    "{\n    ret;\n}\n";
+
+static void test_tensor_maps(void)
+{
+    sc_buffer a = make_buffer(ctx, SC_BF16, 64 * 128, "a");
+    sc_buffer f = make_buffer(ctx, SC_F32, 100, "f");
+    sc_tensor_map map;
+    const sc_tensor_map_desc good = {.rows = 64, .cols = 128, .box_rows = 32, .box_cols = 64,
+                                      .swizzle = SC_SWIZZLE_128B};
+    CHECK_OK(sc_tensor_map_encode(sc_view_of(a), &good, &map));
+    CHECK(map.view.buffer.id == a.id && map.view.count == 64 * 128 && map.address != 0);
+    CHECK(((uintptr_t)map.encoded % 64) == 0);
+    sc_tensor_map_desc d = good;
+    d.rows = 63;
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), &d, &map), SC_ERR_INVALID_ARGUMENT,
+               "sc_tensor_map_encode");
+    CHECK_MSG("rows 63 x cols 128");
+    d = good;
+    d.box_cols = 128; /* 256 bytes: past the 128-byte swizzle span */
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), &d, &map), SC_ERR_INVALID_ARGUMENT,
+               "sc_tensor_map_encode");
+    CHECK_MSG("swizzle span");
+    d = good;
+    d.box_rows = 257;
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), &d, &map), SC_ERR_INVALID_ARGUMENT,
+               "sc_tensor_map_encode");
+    d = good;
+    d.swizzle = (sc_tensor_swizzle)7;
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), &d, &map), SC_ERR_INVALID_ARGUMENT,
+               "sc_tensor_map_encode");
+    /* A row of 25 f32 is 100 bytes: not a multiple of 16. */
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(f),
+                                    &(sc_tensor_map_desc){.rows = 4, .cols = 25, .box_rows = 4,
+                                                          .box_cols = 4},
+                                    &map),
+               SC_ERR_INVALID_ARGUMENT, "sc_tensor_map_encode");
+    CHECK_MSG("multiple of 16");
+    /* A view that starts 2 bytes in: not 16-byte aligned. */
+    sc_view off;
+    CHECK_OK(sc_buffer_view(a, 1, 64 * 64, &off));
+    CHECK_FAIL(sc_tensor_map_encode(off, &(sc_tensor_map_desc){.rows = 64, .cols = 64,
+                                                              .box_rows = 8, .box_cols = 8},
+                                    &map),
+               SC_ERR_INVALID_ARGUMENT, "sc_tensor_map_encode");
+    CHECK_MSG("16-byte alignment");
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), NULL, &map), SC_ERR_INVALID_ARGUMENT,
+               "sc_tensor_map_encode");
+
+    /* Launches: a map is a 128-byte parameter, its view checked and tracked. */
+    sc_module m;
+    CHECK_OK(sc_module_load_image(ctx, tmap_ptx, sizeof tmap_ptx - 1, &m));
+    sc_kernel k;
+    CHECK_OK(sc_kernel_get(m, "copy_tile", &k));
+    sc_launch_desc cfg = {.grid = {1, 1, 1}, .block = {128, 1, 1}, .programmatic = true};
+    CHECK_OK(sc_tensor_map_encode(sc_view_of(a), &good, &map));
+    CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, k, &cfg, sc_arg_tensor_map_in(&map),
+                       sc_arg_out(sc_view_of(f))));
+    /* A map where a pointer goes, and a view where the map goes: sizes differ. */
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, k, &cfg, sc_arg_in(sc_view_of(a)),
+                         sc_arg_out(sc_view_of(f))),
+               SC_ERR_LAUNCH, "sc_kernel_launch");
+    CHECK_MSG("argument 0");
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, k, &cfg, sc_arg_tensor_map_in(&map),
+                         sc_arg_tensor_map_out(&map)),
+               SC_ERR_LAUNCH, "sc_kernel_launch");
+    CHECK_MSG("argument 1");
+    /* An edited map (its address no longer that of its view) is refused. */
+    sc_tensor_map edited = map;
+    edited.address += 16;
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, k, &cfg, sc_arg_tensor_map_in(&edited),
+                         sc_arg_out(sc_view_of(f))),
+               SC_ERR_INVALID_ARGUMENT, "sc_kernel_launch");
+    CHECK_MSG("encoded for device address");
+    /* The buffer destroyed: the map is stale, like a view. */
+    CHECK_OK(sc_buffer_destroy(a));
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, k, &cfg, sc_arg_tensor_map_in(&map),
+                         sc_arg_out(sc_view_of(f))),
+               SC_ERR_STALE_HANDLE, "sc_kernel_launch");
+    CHECK_FAIL(sc_tensor_map_encode(sc_view_of(a), &good, &map), SC_ERR_STALE_HANDLE,
+               "sc_tensor_map_encode");
+    CHECK_OK(sc_module_destroy(m));
+    CHECK_OK(sc_buffer_destroy(f));
+}
+
 int main(void)
 {
     fake_attach();
@@ -897,6 +989,7 @@ int main(void)
     test_stale_handles();
     test_leak_report();
     test_launch();
+    test_tensor_maps();
     test_module_files();
     test_threads();
     size_t live = 99;
