@@ -66,8 +66,8 @@ int main(void)
     sc_kernel oob = {0}, fine = {0};
     REQUIRE(sc_kernel_get(mod, "oob", &oob) == SC_OK);
     REQUIRE(sc_kernel_get(mod, "fine", &fine) == SC_OK);
-    sc_launch_desc one = {.grid = {1}, .block = {1}};
-    sc_launch_desc warp = {.grid = {1}, .block = {16}};
+    sc_launch_desc one = {.grid = {.x = 1}, .block = {.x = 1}};
+    sc_launch_desc warp = {.grid = {.x = 1}, .block = {.x = 16}};
 
     /* The context works before the fault. */
     CHECK_OK(SC_LAUNCH(stream, fine, &warp, sc_arg_out(sc_view_of(small))));

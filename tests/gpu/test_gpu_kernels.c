@@ -561,7 +561,7 @@ static void test_launch_limits(void)
     sc_buffer x = make_buffer(SC_F32, 1024, "x");
     sc_status s;
 
-    sc_launch_desc d = {.grid = {1}, .block = {1}};
+    sc_launch_desc d = {.grid = {.x = 1}, .block = {.x = 1}};
     CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, e, &d, NULL, 0));
     d = (sc_launch_desc){.grid = {1, 1, 1}, .block = {2048, 1, 1}};
     sc_clear_error();
@@ -586,7 +586,7 @@ static void test_launch_limits(void)
     d = (sc_launch_desc){.grid = {2, 0, 0}, .block = {64, 0, 0}};
     CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, e, &d, NULL, 0));
     /* Shared memory past the default limit without raising it. */
-    d = (sc_launch_desc){.grid = {1}, .block = {32}, .shared_bytes = 200000};
+    d = (sc_launch_desc){.grid = {.x = 1}, .block = {.x = 32}, .shared_bytes = 200000};
     sc_clear_error();
     CHECK_STATUS(sc_kernel_launch(SC_DEFAULT_STREAM, e, &d, NULL, 0), SC_ERR_LAUNCH);
     CHECK_MSG("shared");
@@ -594,14 +594,14 @@ static void test_launch_limits(void)
     sc_kernel_props kp;
     CHECK_OK(sc_kernel_info(bd, &kp));
     CHECK(kp.max_threads_per_block == 128);
-    d = (sc_launch_desc){.grid = {1}, .block = {256}};
+    d = (sc_launch_desc){.grid = {.x = 1}, .block = {.x = 256}};
     sc_clear_error();
     CHECK_STATUS(SC_LAUNCH(SC_DEFAULT_STREAM, bd, &d, sc_arg_out(sc_view_of(x))), SC_ERR_LAUNCH);
     CHECK_MSG("128");
-    d = (sc_launch_desc){.grid = {1}, .block = {128}};
+    d = (sc_launch_desc){.grid = {.x = 1}, .block = {.x = 128}};
     CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, bd, &d, sc_arg_out(sc_view_of(x))));
     /* The largest legal block. */
-    d = (sc_launch_desc){.grid = {1}, .block = {32, 32, 1}};
+    d = (sc_launch_desc){.grid = {.x = 1}, .block = {32, 32, 1}};
     CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, e, &d, NULL, 0));
     CHECK_OK(sc_stream_synchronize(default_stream()));
     CHECK_OK(sc_context_check(ctx));
@@ -650,7 +650,7 @@ static void test_kernel_info(void)
     CHECK_OK(sc_kernel_info(ss, &p));
     CHECK(p.static_shared_bytes == 4096);
     sc_buffer out = make_buffer(SC_F32, 1024, "static shared out");
-    sc_launch_desc one_block = {.grid = {1}, .block = {1024}};
+    sc_launch_desc one_block = {.grid = {.x = 1}, .block = {.x = 1024}};
     CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, ss, &one_block, sc_arg_out(sc_view_of(out))));
     float h[1024];
     download(h, sizeof h, sc_view_of(out));
@@ -715,7 +715,7 @@ static void test_dynamic_shared(void)
     const int words = 100 * 1024 / 4;
     sc_buffer out = make_buffer(SC_F32, (uint64_t)words, "dyn out");
     fill_f32(SC_DEFAULT_STREAM, sc_view_of(out), NAN);
-    sc_launch_desc d = {.grid = {1}, .block = {256}, .shared_bytes = 100 * 1024};
+    sc_launch_desc d = {.grid = {.x = 1}, .block = {.x = 256}, .shared_bytes = 100 * 1024};
 
     /* Before raising the limit: refused, with the way out in the message. */
     sc_clear_error();
@@ -979,15 +979,15 @@ static void test_modules(void)
 
     /* Kernels go stale with their module. */
     sc_kernel va = kernel(mm, "vector_add"), e = kernel(mm, "empty");
-    CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, e, &(sc_launch_desc){.grid = {1}, .block = {1}},
+    CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, e, &(sc_launch_desc){.grid = {.x = 1}, .block = {.x = 1}},
                               NULL, 0));
     CHECK_OK(sc_module_destroy(mm));
     sc_kernel_props kp;
     sc_clear_error();
     CHECK_STATUS(sc_kernel_info(va, &kp), SC_ERR_STALE_HANDLE);
     CHECK_MSG("sc_kernel_info");
-    CHECK_STATUS(sc_kernel_launch(SC_DEFAULT_STREAM, e, &(sc_launch_desc){.grid = {1},
-                                                                           .block = {1}},
+    CHECK_STATUS(sc_kernel_launch(SC_DEFAULT_STREAM, e, &(sc_launch_desc){.grid = {.x = 1},
+                                                                           .block = {.x = 1}},
                                   NULL, 0),
                  SC_ERR_STALE_HANDLE);
     CHECK_STATUS(sc_kernel_set_max_dynamic_shared(va, 1024), SC_ERR_STALE_HANDLE);
@@ -1003,7 +1003,7 @@ static void test_modules(void)
     sc_view gv = sc_view_of(gone);
     CHECK_OK(sc_buffer_destroy(gone));
     sc_clear_error();
-    sc_launch_desc d64 = {.grid = {1}, .block = {64}};
+    sc_launch_desc d64 = {.grid = {.x = 1}, .block = {.x = 64}};
     CHECK_STATUS(SC_LAUNCH(SC_DEFAULT_STREAM, ao, &d64, sc_arg_inout(gv), sc_arg_i32(64)),
                  SC_ERR_STALE_HANDLE);
     CHECK_MSG("argument 0");
@@ -1028,7 +1028,7 @@ static void test_other_context(void)
     sc_buffer b2 = make_buffer_in(c2, SC_F32, 64, "other context's buffer");
     sc_buffer b1 = make_buffer(SC_F32, 64, "b1");
     sc_kernel ao = kernel(mod, "add_one");
-    sc_launch_desc d = {.grid = {1}, .block = {64}};
+    sc_launch_desc d = {.grid = {.x = 1}, .block = {.x = 64}};
 
     /* A stream of another context. */
     sc_clear_error();
@@ -1200,7 +1200,7 @@ static void *worker_main(void *arg)
         w->status = sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = THREAD_N,
                                                             .zero = true, .stream = s},
                                      &b);
-    sc_launch_desc d = {.grid = {THREAD_N / 256}, .block = {256}};
+    sc_launch_desc d = {.grid = {.x = THREAD_N / 256}, .block = {.x = 256}};
     for (int i = 0; i < w->launches && w->status == SC_OK; i++)
         w->status = SC_LAUNCH(s, w->k, &d, sc_arg_inout(sc_view_of(b)), sc_arg_i32(THREAD_N));
     float *h = malloc(THREAD_N * sizeof(float));
