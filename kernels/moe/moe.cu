@@ -28,13 +28,6 @@ typedef unsigned short bf16_t;
 
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
-// Two floats to packed bf16 (round to nearest even): lo in the low half.
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 __device__ __forceinline__ unsigned smem_addr(const void *p)
 {
@@ -177,14 +170,7 @@ __device__ __forceinline__ bool find_tile(const int *tile_offsets, const int *ro
     int t = blockIdx.x;
     if (t >= tile_offsets[groups])
         return false;
-    int lo = 0, hi = groups - 1; // the last group whose first tile is <= t
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (tile_offsets[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    const int lo = group_of_tile(tile_offsets, groups, t);
     *group = lo;
     *row0 = row_offsets[lo] + (t - tile_offsets[lo]) * BM;
     *row_end = row_offsets[lo + 1];

@@ -3,8 +3,9 @@
 #ifndef SC_MOE_DEVICE_CUH
 #define SC_MOE_DEVICE_CUH
 
-// Programmatic dependent launch (sm_90+). The host launches every kernel of a forward with
-// sc_launch_desc.programmatic, so a kernel may start while the one before it still runs:
+// Programmatic dependent launch (sm_90+). For few tokens the host launches every kernel of
+// a forward with sc_launch_desc.programmatic, so a kernel may start while the one before it
+// still runs:
 // each kernel calls griddep_wait() in every thread before its first access to global
 // memory, which waits for the previous grids to complete and their writes to be visible.
 // griddep_launch_dependents() lets the next kernel be scheduled (it still waits the same
@@ -28,6 +29,29 @@ __device__ __forceinline__ void griddep_enter()
 {
     griddep_launch_dependents();
     griddep_wait();
+}
+
+// Two floats to packed bf16 (round to nearest even): lo in the low half.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// The group (expert) of M tile m: the last of the groups whose first tile, in the
+// ascending tile_off[0 .. groups - 1], is <= m.
+__device__ __forceinline__ int group_of_tile(const int *tile_off, int groups, int m)
+{
+    int lo = 0, hi = groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tile_off[mid] <= m)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
 }
 
 #endif

@@ -199,13 +199,6 @@ template <> __device__ __forceinline__ void wgmma_tile<256>(float *d, unsigned l
     wgmma_m64n256k16(d, da, db, scale_d);
 }
 
-// Two floats to packed bf16 (round to nearest even): lo in the low half.
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // ---- the tile schedule ---------------------------------------------------------------------
 
@@ -231,14 +224,7 @@ __device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, int gr
     const int within = t - group * per_group;
     const int m = first_m + within % gm;
     tl.n = within / gm;
-    int lo = 0, hi = E - 1; // the last expert whose first tile is <= m
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (tile_off[mid] <= m)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    const int lo = group_of_tile(tile_off, E, m);
     tl.e = lo;
     tl.row0 = row_off[lo] + (m - tile_off[lo]) * BM;
     tl.row_end = row_off[lo + 1];
