@@ -12,7 +12,8 @@
  *   - one device, "safecuda fake device (host memory)", with sm_90 (H100-like) attributes;
  *     SAFECUDA_FAKE_TOTAL_MB (default 4096) sets its memory, SAFECUDA_FAKE_HOST_MB
  *     (default 1024) caps pinned host memory, SAFECUDA_FAKE_DEVICES=0 makes cuInit answer
- *     CUDA_ERROR_NO_DEVICE;
+ *     CUDA_ERROR_NO_DEVICE; SAFECUDA_FAKE_CC=80 (for example) reports another compute
+ *     capability (the other attributes stay the H100's);
  *   - the primary context with a reference count (a release to 0 frees nothing by itself,
  *     it is only counted), a thread-local current context;
  *   - memory pools with a release threshold, cached (freed, not yet released) bytes,
@@ -58,6 +59,7 @@ static int n_devices = 1;
 static uint64_t total_bytes = 4096ull << 20;
 static uint64_t host_limit = 1024ull << 20;
 static int abort_on_misuse;
+static int compute_capability = 90; /* SAFECUDA_FAKE_CC, e.g. 80 */
 
 static long misuse;
 static char last_misuse[512];
@@ -323,6 +325,8 @@ EXPORT CUresult cuInit(unsigned flags)
         host_limit = env_mb("SAFECUDA_FAKE_HOST_MB", 1024ull << 20);
         const char *d = getenv("SAFECUDA_FAKE_DEVICES");
         n_devices = d && strcmp(d, "0") == 0 ? 0 : 1;
+        const char *cc = getenv("SAFECUDA_FAKE_CC");
+        compute_capability = cc && atoi(cc) >= 50 && atoi(cc) <= 120 ? atoi(cc) : 90;
         const char *a = getenv("SAFECUDA_FAKE_ABORT_ON_MISUSE");
         abort_on_misuse = a && a[0] == '1';
         initialized = 1;
@@ -540,8 +544,8 @@ static int attribute(CUdevice_attribute a, int *ok)
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 50 * 1024 * 1024;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return compute_capability / 10;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return compute_capability % 10;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 228 * 1024;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 227 * 1024;

@@ -955,6 +955,13 @@ static void test_tensor_maps(void)
                          sc_arg_tensor_map_out(&map)),
                SC_ERR_LAUNCH, "sc_kernel_launch");
     CHECK_MSG("argument 1");
+    /* A tensor-map argument without its map. */
+    sc_arg no_map = sc_arg_tensor_map_in(&map);
+    no_map.bytes = NULL;
+    CHECK_FAIL(sc_kernel_launch(SC_DEFAULT_STREAM, k, &cfg,
+                                (const sc_arg[]){no_map, sc_arg_out(sc_view_of(f))}, 2),
+               SC_ERR_INVALID_ARGUMENT, "sc_kernel_launch");
+    CHECK_MSG("argument 0: tensor map is NULL");
     /* An edited map (its address no longer that of its view) is refused. */
     sc_tensor_map edited = map;
     edited.address += 16;

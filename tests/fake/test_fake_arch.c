@@ -1,0 +1,78 @@
+/* What safecuda refuses on a device older than sm_90, against the fake driver reporting
+ * another compute capability (SAFECUDA_FAKE_CC, argv[1] says which):
+ *   80: tensor maps are SC_ERR_NOT_SUPPORTED; a programmatic launch falls back to a plain
+ *       one; the MoE layer's SM90 backend is SC_ERR_NOT_SUPPORTED;
+ *   75: the MoE layer (bf16 tensor cores) is SC_ERR_NOT_SUPPORTED whatever the backend.
+ * Both: a backend outside the enum is SC_ERR_INVALID_ARGUMENT before any device work.
+ *
+ * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
+#include "../test.h"
+#include "driver/driver.h"
+#include "fake_ptx.h"
+#include "safecuda/moe.h"
+
+static sc_moe_desc moe_desc(sc_buffer r, sc_buffer w13, sc_buffer w2, sc_moe_backend backend)
+{
+    return (sc_moe_desc){.experts = 8, .top_k = 2, .hidden = 64, .intermediate = 32,
+                         .router = r, .w13 = w13, .w2 = w2, .backend = backend};
+}
+
+int main(int argc, char **argv)
+{
+    const int cc = argc > 1 ? atoi(argv[1]) : 0;
+    REQUIRE(cc == 80 || cc == 75);
+    sc_context ctx;
+    REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
+    sc_device_props props;
+    REQUIRE(sc_device_info(0, &props) == SC_OK);
+    REQUIRE(props.cc_major * 10 + props.cc_minor == cc); /* SAFECUDA_FAKE_CC reached the fake */
+
+    sc_buffer r, w13, w2, a;
+    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = 8 * 64}, &r) == SC_OK);
+    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = 8 * 64 * 64}, &w13) == SC_OK);
+    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = 8 * 64 * 32}, &w2) == SC_OK);
+    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 1024}, &a) == SC_OK);
+    sc_moe layer;
+    sc_moe_desc d = moe_desc(r, w13, w2, (sc_moe_backend)7);
+    CHECK_STATUS(sc_moe_create(ctx, &d, &layer), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("sc_moe_create: backend = 7");
+    CHECK(layer.id == 0);
+
+    if (cc == 80) {
+        sc_tensor_map map;
+        CHECK_STATUS(sc_tensor_map_encode(sc_view_of(a),
+                                          &(sc_tensor_map_desc){.rows = 32, .cols = 32,
+                                                                .box_rows = 8, .box_cols = 8},
+                                          &map),
+                     SC_ERR_NOT_SUPPORTED);
+        CHECK_MSG("sc_tensor_map_encode: tensor maps need sm_90 or newer");
+        CHECK_MSG("sm_80");
+        /* programmatic is a request: before sm_90 the launch is a plain one. */
+        sc_module m;
+        sc_kernel add;
+        REQUIRE(sc_module_load_image(ctx, fake_test_ptx, sizeof fake_test_ptx - 1, &m) == SC_OK);
+        REQUIRE(sc_kernel_get(m, "add", &add) == SC_OK);
+        REQUIRE(sci_fault_arm("cuLaunchKernelEx", 1, CUDA_ERROR_UNKNOWN));
+        const sc_launch_desc cfg = {.grid = {.x = 4}, .block = {.x = 256}, .programmatic = true};
+        CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, add, &cfg, sc_arg_in(sc_view_of(a)), sc_arg_inout(sc_view_of(a)),
+                           sc_arg_u32(1024)));
+        CHECK(!sci_fault_fired()); /* cuLaunchKernelEx was not called */
+        sci_fault_disarm();
+        CHECK_OK(sc_module_destroy(m));
+        d = moe_desc(r, w13, w2, SC_MOE_BACKEND_SM90);
+        CHECK_STATUS(sc_moe_create(ctx, &d, &layer), SC_ERR_NOT_SUPPORTED);
+        CHECK_MSG("the SM90 backend needs compute capability 9.0; device 0 is 8.0");
+    } else {
+        d = moe_desc(r, w13, w2, SC_MOE_BACKEND_AUTO);
+        CHECK_STATUS(sc_moe_create(ctx, &d, &layer), SC_ERR_NOT_SUPPORTED);
+        CHECK_MSG("compute capability 8.0 or newer");
+        CHECK_MSG("device 0 is 7.5");
+    }
+    CHECK(layer.id == 0);
+    CHECK_OK(sc_buffer_destroy(r));
+    CHECK_OK(sc_buffer_destroy(w13));
+    CHECK_OK(sc_buffer_destroy(w2));
+    CHECK_OK(sc_buffer_destroy(a));
+    CHECK_OK(sc_context_destroy(ctx));
+    return test_result("test_fake_arch");
+}
