@@ -278,7 +278,11 @@ SC_API const char *sc_dtype_name(sc_dtype dtype);
 
 typedef struct sc_stream { uint64_t id; } sc_stream;
 typedef struct sc_event { uint64_t id; } sc_event;
+#ifdef __cplusplus
+#define SC_DEFAULT_STREAM (sc_stream{0})
+#else
 #define SC_DEFAULT_STREAM ((sc_stream){0})
+#endif
 
 typedef struct sc_stream_desc {
     int priority;       /* 0 = default; lower numbers run first (CUDA's convention), the
@@ -687,12 +691,32 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
 SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
                                   const sc_arg *args, size_t nargs);
 
-/* SC_LAUNCH(stream, kernel, &desc, sc_arg_in(a), sc_arg_out(b), sc_arg_i32(n)) */
+/* SC_LAUNCH(stream, kernel, &desc, sc_arg_in(a), sc_arg_out(b), sc_arg_i32(n)): launch with
+ * the argument list written inline (at least one argument; a kernel without parameters is
+ * launched with sc_kernel_launch(stream, kernel, &desc, NULL, 0)). Each argument is
+ * evaluated once. In C it builds a compound-literal array; in C++ (which has no compound
+ * literals) a function template does the same. */
+#ifndef __cplusplus
 #define SC_LAUNCH(stream, kernel, desc, ...)                                        \
     sc_kernel_launch((stream), (kernel), (desc), (const sc_arg[]){__VA_ARGS__},     \
                      sizeof((const sc_arg[]){__VA_ARGS__}) / sizeof(sc_arg))
+#endif
 
 #ifdef __cplusplus
+} /* extern "C" */
+
+extern "C++" {
+/* The C++ form of SC_LAUNCH: every argument must be an sc_arg (the array's initialization
+ * checks it at compile time). */
+template <typename... Args>
+inline sc_status sc_launch_args_(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
+                                 const Args &...args)
+{
+    static_assert(sizeof...(Args) > 0, "SC_LAUNCH needs at least one argument");
+    const sc_arg list[] = {args...};
+    return sc_kernel_launch(stream, kernel, desc, list, sizeof...(Args));
 }
+}
+#define SC_LAUNCH(stream, kernel, desc, ...) sc_launch_args_((stream), (kernel), (desc), __VA_ARGS__)
 #endif
 #endif
