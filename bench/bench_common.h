@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "driver/driver.h"
+#include "gpu_presence.h"
 #include "safecuda.h"
 
 #ifndef SAFECUDA_SOURCE_DIR
@@ -120,20 +121,9 @@ static inline FILE *bench_open_out(const bench_opts *o, const char *name, char *
     return f;
 }
 
-/* Without a driver or a device the benchmark has nothing to measure: say so, exit 0. */
-static inline void bench_require_gpu(const char *name)
-{
-    int n = 0;
-    sc_status s = sc_device_count(&n);
-    if (s != SC_OK) {
-        printf("%s: skipped: %s\n", name, sc_last_error());
-        exit(0);
-    }
-    if (n == 0) {
-        printf("%s: skipped: the CUDA driver sees no device\n", name);
-        exit(0);
-    }
-}
+/* Without a driver or a device the benchmark has nothing to measure: it says so and exits
+ * 77 (skipped); any other failure to reach the GPU exits 1 (tests/gpu_presence.h). */
+static inline void bench_require_gpu(const char *name) { gpu_presence_require(name); }
 
 /* "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver CUDA 13.0" */
 static inline void bench_describe_device(int device, sc_device_props *props, char *buf,

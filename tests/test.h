@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_presence.h"
 #include "safecuda.h"
 
-#define TEST_SKIP 77 /* CTest's SKIP_RETURN_CODE */
+#define TEST_SKIP GPU_SKIP
 
 static int test_failures;
 
@@ -64,20 +65,9 @@ static inline int test_result(const char *name)
     return test_failures ? 1 : 0;
 }
 
-/* GPU tests call this first: without a driver or a device they exit with 77 (skipped). */
-static inline void gpu_require(void)
-{
-    int n = 0;
-    sc_status s = sc_device_count(&n);
-    if (s != SC_OK) {
-        printf("skipped: %s\n", sc_last_error());
-        exit(TEST_SKIP);
-    }
-    if (n == 0) {
-        printf("skipped: the CUDA driver sees no device\n");
-        exit(TEST_SKIP);
-    }
-}
+/* GPU tests call this first: without a driver or a device they exit with 77 (skipped);
+ * any other failure to reach the GPU fails the test (tests/gpu_presence.h). */
+static inline void gpu_require(void) { gpu_presence_require("test"); }
 
 /* A fast, seedable random generator for test data (xorshift64*). */
 static inline uint64_t test_rand(uint64_t *state)
