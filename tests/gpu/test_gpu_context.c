@@ -8,15 +8,6 @@
 
 #define MiB (1024.0 * 1024.0)
 
-/* Leak reports are captured through the log callback. */
-static char log_text[16384];
-static void capture(sc_log_level level, const char *msg, void *user)
-{
-    (void)level, (void)user;
-    size_t n = strlen(log_text);
-    snprintf(log_text + n, sizeof log_text - n, "%s\n", msg);
-}
-
 /* A registry kind standing for "some object of the context" until later layers exist. */
 typedef struct probe {
     sci_object obj;
@@ -87,16 +78,16 @@ static void test_leak_report(void)
     CHECK(strcmp(info[1].label, "probe1") == 0 && info[1].line == 101);
     CHECK(strcmp(info[1].file, "leaky.c") == 0);
 
-    sc_set_log_callback(capture, NULL);
-    log_text[0] = '\0';
+    sc_set_log_callback(test_log_capture, NULL);
+    test_log_text[0] = '\0';
     CHECK_OK(sc_context_live_report(ctx, &n));
     CHECK(n == 3);
-    CHECK(strstr(log_text, "probe 'probe2' probe, 4096 bytes, created at leaky.c:102") != NULL);
-    log_text[0] = '\0';
+    CHECK(strstr(test_log_text, "probe 'probe2' probe, 4096 bytes, created at leaky.c:102") != NULL);
+    test_log_text[0] = '\0';
     CHECK_STATUS(sc_context_destroy(ctx), SC_ERR_LEAKED);
     CHECK_MSG("3 objects were still alive");
-    CHECK(strstr(log_text, "has 3 live objects") != NULL);
-    CHECK(strstr(log_text, "probe 'probe0' probe, 4096 bytes, created at leaky.c:100") != NULL);
+    CHECK(strstr(test_log_text, "has 3 live objects") != NULL);
+    CHECK(strstr(test_log_text, "probe 'probe0' probe, 4096 bytes, created at leaky.c:100") != NULL);
     sc_set_log_callback(NULL, NULL);
     CHECK(sci_registry_live_count(SCI_KIND_TEST_A) == 0); /* freed */
     sci_registry_set_ops(SCI_KIND_TEST_A, NULL);

@@ -137,20 +137,6 @@ static sc_module mod; /* kernels_src, loaded once */
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    REQUIRE(p != NULL);
-    return p;
-}
-
 static uint32_t bits_of(float f)
 {
     uint32_t u;
@@ -281,10 +267,10 @@ static sc_stream default_stream(void)
 
 static void check_vector_add(uint64_t n)
 {
-    double t0 = now_s();
+    double t0 = test_now_s();
     sc_kernel va = kernel(mod, "vector_add");
     size_t bytes = (size_t)n * sizeof(float);
-    float *a = xmalloc(bytes), *b = xmalloc(bytes), *c = xmalloc(bytes);
+    float *a = test_xmalloc(bytes), *b = test_xmalloc(bytes), *c = test_xmalloc(bytes);
     random_floats(a, n, n * 2 + 1);
     random_floats(b, n, n * 2 + 2);
 
@@ -319,7 +305,7 @@ static void check_vector_add(uint64_t n)
         test_failures++;
     }
     printf("  vector_add n=%-10" PRIu64 " grid %u x block %u: %s (%.2f s)\n", n, cfg.grid.x,
-           cfg.block.x, bad ? "WRONG" : "exact", now_s() - t0);
+           cfg.block.x, bad ? "WRONG" : "exact", test_now_s() - t0);
 
     CHECK_OK(sc_buffer_destroy(da));
     CHECK_OK(sc_buffer_destroy(db));
@@ -735,7 +721,7 @@ static void test_dynamic_shared(void)
     d.shared_bytes = 100 * 1024;
     CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, k, &d, sc_arg_out(sc_view_of(out)),
                        sc_arg_i32(words)));
-    float *h = xmalloc((size_t)words * 4);
+    float *h = test_xmalloc((size_t)words * 4);
     download(h, (uint64_t)words * 4, sc_view_of(out));
     int bad = 0;
     for (int j = 0; j < words; j++)
@@ -1012,14 +998,6 @@ static void test_modules(void)
 
 /* ---- other contexts ------------------------------------------------------------------------- */
 
-static char log_text[16384];
-static void capture(sc_log_level level, const char *msg, void *user)
-{
-    (void)level, (void)user;
-    size_t n = strlen(log_text);
-    snprintf(log_text + n, sizeof log_text - n, "%s\n", msg);
-}
-
 static void test_other_context(void)
 {
     sc_context c2 = {0};
@@ -1055,13 +1033,13 @@ static void test_other_context(void)
     REQUIRE(sc_module_load(c2, p2, &m2) == SC_OK);
     sc_kernel k2 = kernel(m2, "iota");
     CHECK_OK(SC_LAUNCH(s2, k2, &d, sc_arg_out(sc_view_of(b2)), sc_arg_i32(64)));
-    log_text[0] = '\0';
-    sc_set_log_callback(capture, NULL);
+    test_log_text[0] = '\0';
+    sc_set_log_callback(test_log_capture, NULL);
     CHECK_STATUS(sc_context_destroy(c2), SC_ERR_LEAKED);
     sc_set_log_callback(NULL, NULL);
-    CHECK(strstr(log_text, "module") != NULL);
-    CHECK(strstr(log_text, "program") != NULL);
-    CHECK(strstr(log_text, "leaky.cu") != NULL);
+    CHECK(strstr(test_log_text, "module") != NULL);
+    CHECK(strstr(test_log_text, "program") != NULL);
+    CHECK(strstr(test_log_text, "leaky.cu") != NULL);
     CHECK_STATUS(sc_kernel_info(k2, &(sc_kernel_props){0}), SC_ERR_STALE_HANDLE);
     CHECK_STATUS(sc_module_destroy(m2), SC_ERR_STALE_HANDLE);
     CHECK_STATUS(sc_program_destroy(p2), SC_ERR_STALE_HANDLE);
@@ -1084,7 +1062,7 @@ static void test_cross_stream(void)
     sc_buffer out = make_buffer(SC_F32, (uint64_t)n, "out");
     sc_buffer in = make_buffer(SC_F32, (uint64_t)n, "in");
     sc_buffer other = make_buffer(SC_F32, (uint64_t)n, "other");
-    float *h = xmalloc((size_t)n * 4);
+    float *h = test_xmalloc((size_t)n * 4);
     sc_launch_desc cfg = config_for((uint64_t)n, sw);
 
     /* Read after write: the kernel writes `out` on A, B copies it to the host at once. */
@@ -1258,29 +1236,22 @@ int main(void)
         printf("skipped: %s\n", sc_last_error());
         return TEST_SKIP;
     }
-    double t0 = now_s();
+    double t0 = test_now_s();
     REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
     REQUIRE(sc_device_info(0, &dev) == SC_OK);
     printf("%s (sm_%d%d), NVRTC %d.%d\n", dev.name, dev.cc_major, dev.cc_minor, major, minor);
     mod = load_source_in(ctx, kernels_src, "kernels.cu", (const char *const[]){"k", "with_struct",
                                                                                NULL});
-#define RUN(f)                                                            \
-    do {                                                                  \
-        double t_ = now_s();                                              \
-        f();                                                              \
-        printf("%-24s %.2f s\n", #f, now_s() - t_);                       \
-        fflush(stdout);                                                   \
-    } while (0)
-    RUN(test_vector_add);
-    RUN(test_launch_mismatches);
-    RUN(test_launch_limits);
-    RUN(test_kernel_info);
-    RUN(test_dynamic_shared);
-    RUN(test_templates);
-    RUN(test_modules);
-    RUN(test_other_context);
-    RUN(test_cross_stream);
-    RUN(test_threads);
+    TEST_RUN(test_vector_add);
+    TEST_RUN(test_launch_mismatches);
+    TEST_RUN(test_launch_limits);
+    TEST_RUN(test_kernel_info);
+    TEST_RUN(test_dynamic_shared);
+    TEST_RUN(test_templates);
+    TEST_RUN(test_modules);
+    TEST_RUN(test_other_context);
+    TEST_RUN(test_cross_stream);
+    TEST_RUN(test_threads);
     CHECK_OK(sc_module_destroy(mod));
     CHECK_OK(sc_context_synchronize(ctx));
     CHECK_OK(sc_context_check(ctx));
@@ -1289,6 +1260,6 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
     if (system(cmd) != 0)
         fprintf(stderr, "note: could not remove %s\n", cache);
-    printf("total %.2f s\n", now_s() - t0);
+    printf("total %.2f s\n", test_now_s() - t0);
     return test_result("test_gpu_kernels");
 }

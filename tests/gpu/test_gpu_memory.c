@@ -26,56 +26,6 @@ static const sc_dtype all_dtypes[] = {SC_U8,  SC_I8,  SC_U16, SC_I16,  SC_U32, S
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    REQUIRE(p != NULL);
-    return p;
-}
-
-/* Fresh random bytes from a per-case seed (never the all-zero pattern). */
-static void fill_random(void *p, size_t bytes, uint64_t seed)
-{
-    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    if (state == 0)
-        state = 1;
-    uint8_t *b = p;
-    size_t i = 0;
-    for (; i + 8 <= bytes; i += 8) {
-        uint64_t r = test_rand(&state);
-        memcpy(b + i, &r, 8);
-    }
-    if (i < bytes) {
-        uint64_t r = test_rand(&state);
-        memcpy(b + i, &r, bytes - i);
-    }
-}
-
-/* Byte-exact comparison; on a mismatch say where and how much. */
-static bool same_bytes(const void *got, const void *want, size_t n, const char *what)
-{
-    if (memcmp(got, want, n) == 0)
-        return true;
-    const uint8_t *g = got, *w = want;
-    size_t first = SIZE_MAX, bad = 0;
-    for (size_t i = 0; i < n; i++)
-        if (g[i] != w[i]) {
-            if (first == SIZE_MAX)
-                first = i;
-            bad++;
-        }
-    fprintf(stderr, "%s: %zu of %zu bytes differ, first at byte %zu (got 0x%02x, want 0x%02x)\n",
-            what, bad, n, first, g[first], w[first]);
-    return false;
-}
-#define CHECK_BYTES(got, want, n, what) CHECK(same_bytes((got), (want), (n), (what)))
 
 static bool all_bytes(const void *p, uint8_t value, size_t n, const char *what)
 {
@@ -154,8 +104,8 @@ static sc_view view(sc_buffer b, uint64_t offset, uint64_t count)
 /* Upload random bytes to a whole buffer and return them (malloc'd). */
 static uint8_t *upload_random(sc_stream s, sc_buffer b, uint64_t bytes, uint64_t seed)
 {
-    uint8_t *p = xmalloc(bytes);
-    fill_random(p, bytes, seed);
+    uint8_t *p = test_xmalloc(bytes);
+    test_fill_random(p, bytes, seed);
     CHECK_OK(sc_copy_from_host(s, sc_view_of(b), p, bytes));
     return p;
 }
@@ -163,7 +113,7 @@ static uint8_t *upload_random(sc_stream s, sc_buffer b, uint64_t bytes, uint64_t
 /* Download a whole buffer into a fresh, poisoned array. */
 static uint8_t *download(sc_stream s, sc_buffer b, uint64_t bytes)
 {
-    uint8_t *p = xmalloc(bytes);
+    uint8_t *p = test_xmalloc(bytes);
     memset(p, 0xA5, bytes);
     CHECK_OK(sc_copy_to_host(s, p, bytes, sc_view_of(b)));
     return p;
@@ -186,7 +136,7 @@ static void roundtrip_case(sc_stream s, sc_dtype dt, uint64_t count, sc_host_buf
     sc_buffer b = make_buffer(dt, count, label);
 
     /* Pageable. */
-    fill_random(src, bytes, seed);
+    test_fill_random(src, bytes, seed);
     CHECK_OK(sc_copy_from_host(s, sc_view_of(b), src, bytes));
     memset(dst, 0xA5, bytes);
     CHECK_OK(sc_copy_to_host(s, dst, bytes, sc_view_of(b)));
@@ -195,7 +145,7 @@ static void roundtrip_case(sc_stream s, sc_dtype dt, uint64_t count, sc_host_buf
 
     /* Pinned, inside the shared host buffer at an odd byte offset. */
     uint64_t hoff = 1 + seed % 61;
-    fill_random(src, bytes, seed + 1);
+    test_fill_random(src, bytes, seed + 1);
     CHECK_OK(sc_host_buffer_write(big, hoff, src, bytes));
     CHECK_OK(sc_copy_from_host_buffer(s, sc_view_of(b), big, hoff));
     void *hp = NULL;
@@ -220,7 +170,7 @@ static void roundtrip_case(sc_stream s, sc_dtype dt, uint64_t count, sc_host_buf
     /* Pinned, a host buffer of exactly the size (small sizes: a pinned allocation each). */
     if (bytes <= 16 * MiB) {
         sc_host_buffer hx = make_host(ctx, bytes, "rt exact");
-        fill_random(src, bytes, seed + 2);
+        test_fill_random(src, bytes, seed + 2);
         CHECK_OK(sc_host_buffer_write(hx, 0, src, bytes));
         CHECK_OK(sc_copy_from_host_buffer(s, sc_view_of(b), hx, 0));
         CHECK_OK(sc_host_buffer_ptr(hx, &hp, &hbytes));
@@ -253,12 +203,12 @@ static void test_roundtrips(void)
     const uint64_t sizes[] = {1, 7, 4096, (1ull << 20) + 3, 1ull << 28};
     size_t n_sizes = sizeof sizes / sizeof sizes[0];
     uint64_t max_bytes = sanitizer ? ((1ull << 20) + 3) * 8 : (1ull << 28) * 4;
-    uint8_t *src = xmalloc(max_bytes), *dst = xmalloc(max_bytes);
+    uint8_t *src = test_xmalloc(max_bytes), *dst = test_xmalloc(max_bytes);
     sc_host_buffer big = make_host(ctx, max_bytes + 64, "rt shared pinned");
     sc_stream own = make_stream(ctx, "rt stream");
 
     for (size_t si = 0; si < n_sizes; si++) {
-        double t0 = now_s();
+        double t0 = test_now_s();
         int cases = 0;
         for (size_t di = 0; di < N_DTYPES; di++) {
             sc_dtype dt = all_dtypes[di];
@@ -269,7 +219,7 @@ static void test_roundtrips(void)
             cases++;
         }
         printf("round trips of %" PRIu64 " elements: %d dtypes in %.2f s\n", sizes[si], cases,
-               now_s() - t0);
+               test_now_s() - t0);
     }
     CHECK_OK(sc_stream_destroy(own));
     CHECK_OK(sc_host_buffer_destroy(big));
@@ -300,7 +250,7 @@ static void test_views(void)
 
         /* Upload 17 elements into [8, 25): exactly those change. */
         uint8_t patch[17 * 8], got[17 * 8];
-        fill_random(patch, 17 * es, 300 + di);
+        test_fill_random(patch, 17 * es, 300 + di);
         CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, w, patch, 17 * es));
         memcpy(expect_b + 8 * es, patch, 17 * es);
         uint8_t *all = download(SC_DEFAULT_STREAM, b, N * es);
@@ -399,8 +349,8 @@ static void test_bounds(void)
     sc_buffer c = make_buffer(SC_F32, N, "oob-other");
     sc_host_buffer h = make_host(ctx, N * 4, "oob-host");
     uint8_t *expect = upload_random(SC_DEFAULT_STREAM, b, N * 4, 400);
-    uint8_t *src = xmalloc((N + 1) * 4), *dst = xmalloc((N + 1) * 4);
-    fill_random(src, (N + 1) * 4, 401);
+    uint8_t *src = test_xmalloc((N + 1) * 4), *dst = test_xmalloc((N + 1) * 4);
+    test_fill_random(src, (N + 1) * 4, 401);
     sc_view v = {{0}, 0, 0}, w;
     float f = 2.5f;
 
@@ -481,7 +431,7 @@ static void test_bounds(void)
     free(all);
 
     /* In bounds up to the last byte of the pinned buffer. */
-    fill_random(src, N * 4, 402);
+    test_fill_random(src, N * 4, 402);
     CHECK_OK(sc_host_buffer_write(h, 0, src, N * 4));
     CHECK_OK(sc_copy_from_host_buffer(SC_DEFAULT_STREAM, view(b, 0, N - 1), h, 4));
     memcpy(expect, src + 4, (N - 1) * 4);
@@ -706,8 +656,8 @@ static void test_zero(void)
 
     /* Pinned host memory. */
     sc_host_buffer h = make_host(ctx, MiB + 3, "dirty host");
-    uint8_t *r = xmalloc(MiB + 3);
-    fill_random(r, MiB + 3, 810);
+    uint8_t *r = test_xmalloc(MiB + 3);
+    test_fill_random(r, MiB + 3, 810);
     CHECK_OK(sc_host_buffer_write(h, 0, r, MiB + 3));
     CHECK_OK(sc_host_buffer_destroy(h));
     sc_host_buffer_desc hd = {.bytes = MiB + 3, .label = "zeroed host", .zero = true};
@@ -778,7 +728,7 @@ static void test_stale(void)
 
     /* The other objects are unaffected. */
     float in[16];
-    fill_random(in, sizeof in, 900);
+    test_fill_random(in, sizeof in, 900);
     CHECK_OK(sc_copy_from_host(s, sc_view_of(other), in, sizeof in));
     memset(dst, 0xA5, sizeof dst);
     CHECK_OK(sc_copy_to_host(s, dst, sizeof dst, sc_view_of(other)));
@@ -1056,7 +1006,7 @@ static void test_cycles(void)
     uint64_t free0, free1, total;
     CHECK_OK(sc_device_memory(0, &free0, &total));
 
-    double t0 = now_s();
+    double t0 = test_now_s();
     int done = 0;
     for (int i = 0; i < cycles; i++) {
         if (sc_buffer_create(c, &d, &b) != SC_OK) {
@@ -1077,7 +1027,7 @@ static void test_cycles(void)
         }
         done++;
     }
-    double dt = now_s() - t0;
+    double dt = test_now_s() - t0;
     CHECK(done == cycles);
     sc_memory_stats st;
     CHECK_OK(sc_context_memory(c, &st));
@@ -1099,20 +1049,12 @@ static void test_cycles(void)
 
 /* ---- leak report ---------------------------------------------------------------------------- */
 
-static char log_text[65536];
-static void capture(sc_log_level level, const char *msg, void *user)
-{
-    (void)level, (void)user;
-    size_t n = strlen(log_text);
-    snprintf(log_text + n, sizeof log_text - n, "%s\n", msg);
-}
-
 /* The log has a line that contains key and each of the others. */
 static bool log_line_has(const char *key, const char *a, const char *b)
 {
-    for (const char *p = strstr(log_text, key); p; p = strstr(p + 1, key)) {
+    for (const char *p = strstr(test_log_text, key); p; p = strstr(p + 1, key)) {
         const char *start = p, *end = strchr(p, '\n');
-        while (start > log_text && start[-1] != '\n')
+        while (start > test_log_text && start[-1] != '\n')
             start--;
         size_t len = end ? (size_t)(end - start) : strlen(start);
         char line[1024];
@@ -1124,7 +1066,7 @@ static bool log_line_has(const char *key, const char *a, const char *b)
             return true;
     }
     fprintf(stderr, "log has no line with \"%s\", \"%s\", \"%s\":\n%s", key, a ? a : "",
-            b ? b : "", log_text);
+            b ? b : "", test_log_text);
     return false;
 }
 
@@ -1152,8 +1094,8 @@ static void test_leak_report(void)
     CHECK_OK(sc_context_live_objects(c, NULL, 0, &n));
     CHECK(n == 3);
 
-    sc_set_log_callback(capture, NULL);
-    log_text[0] = '\0';
+    sc_set_log_callback(test_log_capture, NULL);
+    test_log_text[0] = '\0';
     n = 0;
     CHECK_OK(sc_context_live_report(c, &n));
     CHECK(n == 3);
@@ -1163,13 +1105,13 @@ static void test_leak_report(void)
     CHECK(log_line_has("'leak-h'", "host buffer", sh));
     CHECK(log_line_has("'leak-h'", "4096 bytes", NULL));
 
-    log_text[0] = '\0';
+    test_log_text[0] = '\0';
     CHECK_STATUS(sc_context_destroy(c), SC_ERR_LEAKED);
     CHECK_MSG("3 objects");
     CHECK(log_line_has("'leak-a'", "f32", sa));
     CHECK(log_line_has("'leak-b'", "f32", sb));
     CHECK(log_line_has("'leak-h'", "host buffer", sh));
-    CHECK(strstr(log_text, "  stream '") == NULL); /* the default stream is no leak */
+    CHECK(strstr(test_log_text, "  stream '") == NULL); /* the default stream is no leak */
     sc_set_log_callback(NULL, NULL);
 
     /* Freed with the context: the handles are stale. */
@@ -1188,8 +1130,8 @@ static void test_destroy_in_flight(void)
     sc_context c;
     REQUIRE(sc_context_create(NULL, &c) == SC_OK);
     sc_stream s = make_stream(c, "in-flight");
-    uint8_t *src = xmalloc(size), *dst = xmalloc(size);
-    fill_random(src, size, 1300);
+    uint8_t *src = test_xmalloc(size), *dst = test_xmalloc(size);
+    test_fill_random(src, size, 1300);
     sc_buffer A = make_buffer_in(c, SC_U8, size, "inflight A");
     sc_buffer B = make_buffer_in(c, SC_U8, size, "inflight B");
     CHECK_OK(sc_copy_from_host(s, sc_view_of(A), src, size));
@@ -1222,7 +1164,7 @@ static void test_destroy_in_flight(void)
     sc_stream s2 = make_stream(c, "in-flight 2");
     sc_buffer A2 = make_buffer_in(c, SC_U8, size, "inflight A2");
     sc_buffer part = make_buffer_in(c, SC_U8, MiB, "inflight part");
-    fill_random(src, size, 1303);
+    test_fill_random(src, size, 1303);
     CHECK_OK(sc_copy_from_host(s2, sc_view_of(A2), src, size));
     CHECK_OK(sc_stream_synchronize(s2));
     for (int k = 0; k < 8; k++)
@@ -1249,7 +1191,7 @@ static void test_destroy_in_flight(void)
         CHECK_OK(sc_copy(s, sc_view_of(D), sc_view_of(B)));
     CHECK_OK(sc_buffer_destroy(D));
     sc_buffer E = make_buffer_in(c, SC_U8, size, "after D");
-    fill_random(src, size, 1301);
+    test_fill_random(src, size, 1301);
     CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(E), src, size));
     CHECK_OK(sc_stream_synchronize(s));
     CHECK_OK(sc_context_synchronize(c));
@@ -1282,9 +1224,9 @@ static void test_pinned_in_flight(void)
     sc_context c;
     REQUIRE(sc_context_create(NULL, &c) == SC_OK);
     sc_stream s = make_stream(c, "pinned in-flight");
-    uint8_t *p1 = xmalloc(size), *p2 = xmalloc(size), *dst = xmalloc(size);
-    fill_random(p1, size, 1400);
-    fill_random(p2, size, 1401);
+    uint8_t *p1 = test_xmalloc(size), *p2 = test_xmalloc(size), *dst = test_xmalloc(size);
+    test_fill_random(p1, size, 1400);
+    test_fill_random(p2, size, 1401);
     sc_host_buffer H = make_host(c, size, "pinned H");
     sc_buffer D = make_buffer_in(c, SC_U8, size, "pinned D");
 
@@ -1359,33 +1301,26 @@ int main(void)
     sanitizer = getenv("SAFECUDA_UNDER_SANITIZER") != NULL;
     if (sanitizer)
         printf("SAFECUDA_UNDER_SANITIZER: heavy parts shrunk\n");
-    double t0 = now_s();
+    double t0 = test_now_s();
     REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
-#define RUN(f)                                                            \
-    do {                                                                  \
-        double t_ = now_s();                                              \
-        f();                                                              \
-        printf("%-24s %.2f s\n", #f, now_s() - t_);                       \
-        fflush(stdout);                                                   \
-    } while (0)
-    RUN(test_roundtrips);
-    RUN(test_views);
-    RUN(test_bounds);
-    RUN(test_copy_checks);
-    RUN(test_fills);
-    RUN(test_zero);
-    RUN(test_stale);
-    RUN(test_info);
-    RUN(test_create_errors);
-    RUN(test_device_ptr);
+    TEST_RUN(test_roundtrips);
+    TEST_RUN(test_views);
+    TEST_RUN(test_bounds);
+    TEST_RUN(test_copy_checks);
+    TEST_RUN(test_fills);
+    TEST_RUN(test_zero);
+    TEST_RUN(test_stale);
+    TEST_RUN(test_info);
+    TEST_RUN(test_create_errors);
+    TEST_RUN(test_device_ptr);
     CHECK_OK(sc_context_destroy(ctx)); /* SC_OK: nothing above leaked */
-    RUN(test_accounting);
-    RUN(test_budget);
-    RUN(test_oom);
-    RUN(test_cycles);
-    RUN(test_leak_report);
-    RUN(test_destroy_in_flight);
-    RUN(test_pinned_in_flight);
-    printf("total %.2f s\n", now_s() - t0);
+    TEST_RUN(test_accounting);
+    TEST_RUN(test_budget);
+    TEST_RUN(test_oom);
+    TEST_RUN(test_cycles);
+    TEST_RUN(test_leak_report);
+    TEST_RUN(test_destroy_in_flight);
+    TEST_RUN(test_pinned_in_flight);
+    printf("total %.2f s\n", test_now_s() - t0);
     return test_result("test_gpu_memory");
 }

@@ -20,54 +20,6 @@ static sc_context ctx;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    REQUIRE(p != NULL);
-    return p;
-}
-
-static void fill_random(void *p, size_t bytes, uint64_t seed)
-{
-    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    if (state == 0)
-        state = 1;
-    uint8_t *b = p;
-    size_t i = 0;
-    for (; i + 8 <= bytes; i += 8) {
-        uint64_t r = test_rand(&state);
-        memcpy(b + i, &r, 8);
-    }
-    if (i < bytes) {
-        uint64_t r = test_rand(&state);
-        memcpy(b + i, &r, bytes - i);
-    }
-}
-
-static bool same_bytes(const void *got, const void *want, size_t n, const char *what)
-{
-    if (memcmp(got, want, n) == 0)
-        return true;
-    const uint8_t *g = got, *w = want;
-    size_t first = SIZE_MAX, bad = 0;
-    for (size_t i = 0; i < n; i++)
-        if (g[i] != w[i]) {
-            if (first == SIZE_MAX)
-                first = i;
-            bad++;
-        }
-    fprintf(stderr, "%s: %zu of %zu bytes differ, first at byte %zu (got 0x%02x, want 0x%02x)\n",
-            what, bad, n, first, g[first], w[first]);
-    return false;
-}
-#define CHECK_BYTES(got, want, n, what) CHECK(same_bytes((got), (want), (n), (what)))
 
 /* Every 32-bit word of p[0 .. n) equals v. */
 static bool all_u32(const void *p, uint32_t v, size_t n, const char *what)
@@ -127,14 +79,14 @@ static bool small_roundtrip(sc_stream s, sc_buffer b, uint64_t seed)
     sc_buffer_props props;
     REQUIRE(sc_buffer_info(b, &props) == SC_OK && props.bytes >= sizeof in);
     uint64_t n = sizeof in / sc_dtype_size(props.dtype);
-    fill_random(in, sizeof in, seed);
+    test_fill_random(in, sizeof in, seed);
     memset(out, 0xA5, sizeof out);
     if (sc_copy_from_host(s, view(b, 0, n), in, sizeof in) != SC_OK ||
         sc_copy_to_host(s, out, sizeof out, view(b, 0, n)) != SC_OK) {
         fprintf(stderr, "small round trip: %s\n", sc_last_error());
         return false;
     }
-    return same_bytes(out, in, sizeof in, "small round trip");
+    return test_same_bytes(out, in, sizeof in, "small round trip");
 }
 
 /* ---- priorities ----------------------------------------------------------------------------- */
@@ -203,8 +155,8 @@ static void test_events(void)
     sc_stream s = make_stream_in(ctx, "events");
     sc_buffer x = make_buffer_in(ctx, SC_U8, size, "events x");
     sc_buffer y = make_buffer_in(ctx, SC_U8, size, "events y");
-    uint8_t *data = xmalloc(size), *back = xmalloc(size);
-    fill_random(data, size, 10);
+    uint8_t *data = test_xmalloc(size), *back = test_xmalloc(size);
+    test_fill_random(data, size, 10);
     CHECK_OK(sc_copy_from_host(s, sc_view_of(x), data, size));
     CHECK_OK(sc_stream_synchronize(s));
     CHECK_OK(sc_stream_query(s));
@@ -325,7 +277,7 @@ static void run_ordering(order_mode mode)
 
     uint64_t seed = 0xC0FFEE + (uint64_t)mode;
     int stale = 0, errors = 0, printed = 0;
-    double t0 = now_s();
+    double t0 = test_now_s();
     for (int it = 0; it < iters; it++) {
         uint64_t bytes = MiB + (test_rand(&seed) % (max_bytes - MiB + 1));
         uint64_t n = bytes / 4;
@@ -362,7 +314,7 @@ static void run_ordering(order_mode mode)
         }
         stale += bad;
     }
-    double dt = now_s() - t0;
+    double dt = test_now_s() - t0;
     printf("%s: race observed in %d of %d iterations (%.2f s)\n", mode_names[mode], stale, iters,
            dt);
     CHECK(errors == 0);
@@ -397,12 +349,12 @@ static void test_war_waw(void)
     sc_buffer src = make_buffer_in(ctx, SC_U32, n, "war src");
     sc_buffer p = make_buffer_in(ctx, SC_U8, delay_bytes, "delay src");
     sc_buffer q = make_buffer_in(ctx, SC_U8, delay_bytes, "delay dst");
-    uint8_t *r = xmalloc(size), *back = xmalloc(size);
+    uint8_t *r = test_xmalloc(size), *back = test_xmalloc(size);
     CHECK_OK(sc_fill(a, sc_view_of(p), &(uint8_t){2}));
 
     for (int round = 0; round < 5; round++) {
         /* WAR: A reads X (late, behind the delay); B overwrites X. Y must get the old X. */
-        fill_random(r, size, 20 + (uint64_t)round);
+        test_fill_random(r, size, 20 + (uint64_t)round);
         CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(x), r, size));
         CHECK_OK(sc_copy(a, sc_view_of(q), sc_view_of(p)));
         CHECK_OK(sc_copy(a, sc_view_of(y), sc_view_of(x)));
@@ -416,7 +368,7 @@ static void test_war_waw(void)
         CHECK(all_u32(back, v, n, "write-after-read: the writer's fill"));
 
         /* WAW: A writes X (late); B then fills X. X must end as B's fill everywhere. */
-        fill_random(r, size, 40 + (uint64_t)round);
+        test_fill_random(r, size, 40 + (uint64_t)round);
         CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(src), r, size));
         CHECK_OK(sc_copy(a, sc_view_of(q), sc_view_of(p)));
         CHECK_OK(sc_copy(a, sc_view_of(x), sc_view_of(src)));
@@ -444,8 +396,8 @@ static void test_destroy_busy_stream(void)
     const uint64_t size = sanitizer ? 64 * MiB : 256 * MiB;
     sc_buffer src = make_buffer_in(ctx, SC_U8, size, "busy src");
     sc_buffer dst = make_buffer_in(ctx, SC_U8, size, "busy dst");
-    uint8_t *r = xmalloc(size), *back = xmalloc(size);
-    fill_random(r, size, 50);
+    uint8_t *r = test_xmalloc(size), *back = test_xmalloc(size);
+    test_fill_random(r, size, 50);
     CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(src), r, size));
     CHECK_OK(sc_context_synchronize(ctx));
 
@@ -530,12 +482,12 @@ static void *hammer(void *arg)
     }
     int errors = 0;
     long long iters = 0, bytes_moved = 0;
-    while (now_s() < hammer_deadline && errors == 0) {
+    while (test_now_s() < hammer_deadline && errors == 0) {
         uint64_t r = test_rand(&seed);
         uint64_t n = 1 + r % HAMMER_MAX;
         uint64_t off1 = (r >> 32) % 64, off2 = (r >> 40) % 64, hoff = (r >> 48) % 64;
         bool pinned = iters & 1;
-        fill_random(src, n, seed ^ (uint64_t)iters);
+        test_fill_random(src, n, seed ^ (uint64_t)iters);
         sc_view v1, v2;
         sc_status st = sc_buffer_view(d1, off1, n, &v1);
         if (st == SC_OK)
@@ -588,7 +540,7 @@ static void *hammer(void *arg)
 static void test_threads(void)
 {
     double seconds = sanitizer ? 1.0 : 10.0;
-    hammer_deadline = now_s() + seconds;
+    hammer_deadline = test_now_s() + seconds;
     pthread_t t[THREADS];
     for (intptr_t i = 0; i < THREADS; i++)
         REQUIRE(pthread_create(&t[i], NULL, hammer, (void *)i) == 0);
@@ -622,13 +574,13 @@ static void test_default_stream(void)
 
     /* SC_DEFAULT_STREAM and the handle name the same stream. */
     sc_buffer b = make_buffer_in(c, SC_U8, 1 << 20, "default b");
-    uint8_t *r = xmalloc(1 << 20), *back = xmalloc(1 << 20);
-    fill_random(r, 1 << 20, 60);
+    uint8_t *r = test_xmalloc(1 << 20), *back = test_xmalloc(1 << 20);
+    test_fill_random(r, 1 << 20, 60);
     CHECK_OK(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(b), r, 1 << 20));
     memset(back, 0xA5, 1 << 20);
     CHECK_OK(sc_copy_to_host(ds, back, 1 << 20, sc_view_of(b)));
     CHECK_BYTES(back, r, 1 << 20, "default stream by macro, then by handle");
-    fill_random(r, 1 << 20, 61);
+    test_fill_random(r, 1 << 20, 61);
     CHECK_OK(sc_copy_from_host(ds, sc_view_of(b), r, 1 << 20));
     memset(back, 0xA5, 1 << 20);
     CHECK_OK(sc_copy_to_host(SC_DEFAULT_STREAM, back, 1 << 20, sc_view_of(b)));
@@ -686,7 +638,7 @@ static void test_cross_context(void)
     sc_event e1 = make_event_in(c1, false, "ctx1 event");
 
     uint8_t r[4096], back[4096];
-    fill_random(r, sizeof r, 70);
+    test_fill_random(r, sizeof r, 70);
     CHECK_OK(sc_copy_from_host(s2, sc_view_of(b2), r, sizeof r));
     CHECK_OK(sc_stream_synchronize(s2));
 
@@ -738,14 +690,6 @@ static void test_cross_context(void)
 
 /* ---- leaked streams and events -------------------------------------------------------------- */
 
-static char log_text[16384];
-static void capture(sc_log_level level, const char *msg, void *user)
-{
-    (void)level, (void)user;
-    size_t n = strlen(log_text);
-    snprintf(log_text + n, sizeof log_text - n, "%s\n", msg);
-}
-
 static void test_leaked_stream(void)
 {
     sc_context c;
@@ -753,14 +697,14 @@ static void test_leaked_stream(void)
     sc_stream s = make_stream_in(c, "leaky-stream");
     sc_event e = make_event_in(c, true, "leaky-event");
     CHECK_OK(sc_event_record(e, s));
-    sc_set_log_callback(capture, NULL);
-    log_text[0] = '\0';
+    sc_set_log_callback(test_log_capture, NULL);
+    test_log_text[0] = '\0';
     CHECK_STATUS(sc_context_destroy(c), SC_ERR_LEAKED);
     CHECK_MSG("2 objects");
     sc_set_log_callback(NULL, NULL);
-    CHECK(strstr(log_text, "stream 'leaky-stream'") != NULL);
-    CHECK(strstr(log_text, "event 'leaky-event'") != NULL);
-    CHECK(strstr(log_text, "test_gpu_streams.c:") != NULL);
+    CHECK(strstr(test_log_text, "stream 'leaky-stream'") != NULL);
+    CHECK(strstr(test_log_text, "event 'leaky-event'") != NULL);
+    CHECK(strstr(test_log_text, "test_gpu_streams.c:") != NULL);
     CHECK_STATUS(sc_stream_synchronize(s), SC_ERR_STALE_HANDLE);
     CHECK_STATUS(sc_event_query(e), SC_ERR_STALE_HANDLE);
 }
@@ -771,25 +715,18 @@ int main(void)
     sanitizer = getenv("SAFECUDA_UNDER_SANITIZER") != NULL;
     if (sanitizer)
         printf("SAFECUDA_UNDER_SANITIZER: heavy parts shrunk\n");
-    double t0 = now_s();
+    double t0 = test_now_s();
     REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
-#define RUN(f)                                                            \
-    do {                                                                  \
-        double t_ = now_s();                                              \
-        f();                                                              \
-        printf("%-26s %.2f s\n", #f, now_s() - t_);                       \
-        fflush(stdout);                                                   \
-    } while (0)
-    RUN(test_priorities);
-    RUN(test_events);
-    RUN(test_ordering);
-    RUN(test_war_waw);
-    RUN(test_destroy_busy_stream);
-    RUN(test_threads);
-    RUN(test_default_stream);
-    RUN(test_cross_context);
-    RUN(test_leaked_stream);
+    TEST_RUN(test_priorities);
+    TEST_RUN(test_events);
+    TEST_RUN(test_ordering);
+    TEST_RUN(test_war_waw);
+    TEST_RUN(test_destroy_busy_stream);
+    TEST_RUN(test_threads);
+    TEST_RUN(test_default_stream);
+    TEST_RUN(test_cross_context);
+    TEST_RUN(test_leaked_stream);
     CHECK_OK(sc_context_destroy(ctx)); /* SC_OK: nothing leaked, default stream included */
-    printf("total %.2f s\n", now_s() - t0);
+    printf("total %.2f s\n", test_now_s() - t0);
     return test_result("test_gpu_streams");
 }
