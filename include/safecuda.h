@@ -26,7 +26,29 @@
  * naming the driver call; when that call was the release itself, the driver keeps that one
  * object (see sc_memory_stats for how its memory is counted). Objects of a context that
  * was already lost are destroyed without reporting the driver's answers (SC_OK): what they
- * held on the device goes with the context. */
+ * held on the device goes with the context.
+ *
+ * Statuses. Each function's comment names the statuses that are particular to it. Besides
+ * those and SC_OK, any function may return these where they apply:
+ *   SC_ERR_INVALID_ARGUMENT  a required pointer is NULL, or an enum value or desc field is
+ *                            out of range (the message names the argument or field);
+ *   SC_ERR_STALE_HANDLE      a handle, or a view's buffer, was destroyed or never existed;
+ *   SC_ERR_WRONG_KIND        a handle of another kind (a stream passed as an event);
+ *   SC_ERR_WRONG_CONTEXT     objects of two contexts meet in one call;
+ *   SC_ERR_NO_DRIVER         (calls that need the driver) no libcuda could be loaded, or
+ *                            only the toolkit's stub: nothing to run on;
+ *   SC_ERR_DRIVER            (calls that reach the driver) the driver answered an error
+ *                            that has no status of its own, named in the message; also a
+ *                            libcuda that was found but can't be used (cuInit fails, too
+ *                            old, entry points missing);
+ *   SC_ERR_CONTEXT_LOST      (calls on a context's objects) a sticky device error (an
+ *                            illegal address, a kernel fault) lost the context, now or
+ *                            before; the message quotes the original error;
+ *   SC_ERR_HOST_OUT_OF_MEMORY  a host allocation of the library failed;
+ *   SC_ERR_LIMIT             (create functions) the handle table is full;
+ *   SC_ERR_INTERNAL          a bug in safecuda.
+ * A failed call leaves no trace: it creates no object, accounts no memory and enqueues no
+ * work, unless its comment says otherwise. */
 #ifndef SAFECUDA_H
 #define SAFECUDA_H
 
@@ -109,16 +131,21 @@ SC_API void sc_set_log_callback(sc_log_fn fn, void *user);
 SC_API const char *sc_version_string(void);
 
 /* Load the CUDA driver now (it is otherwise loaded on first use). SC_ERR_NO_DRIVER says
- * what was tried and what to install. Safe to call many times and from many threads. */
+ * what was tried and what to install; SC_ERR_DRIVER that a libcuda was found but can't be
+ * used, and why. The answer is decided once per process. Safe to call many times and from
+ * many threads. */
 SC_API sc_status sc_init(void);
 
-/* The CUDA version the driver supports, as 1000 * major + 10 * minor (e.g. 13000). */
+/* The CUDA version the driver supports, as 1000 * major + 10 * minor (e.g. 13000). Loads
+ * the driver (the statuses of sc_init). */
 SC_API sc_status sc_driver_version(int *version);
 
-/* The path of the loaded libcuda (into buf, truncated to size). */
+/* The path of the loaded libcuda, NUL-terminated into buf (cut to size - 1 characters).
+ * SC_ERR_INVALID_ARGUMENT for a NULL buf or size 0; loads the driver (sc_init's statuses). */
 SC_API sc_status sc_driver_path(char *buf, size_t size);
 
-/* Load NVRTC and report its version. SC_ERR_NO_COMPILER says what was tried. */
+/* Load NVRTC and report its version. Needs no driver or GPU. SC_ERR_NO_COMPILER says what
+ * was tried and what to install. */
 SC_API sc_status sc_compiler_version(int *major, int *minor);
 
 /* ======================================================================================
@@ -153,14 +180,16 @@ typedef struct sc_device_props {
     bool memory_pools_supported;
 } sc_device_props;
 
-/* Number of CUDA devices (0 with SC_OK when the driver is present but sees no GPU). */
+/* Number of CUDA devices (0 with SC_OK when the driver is present but sees no GPU). The
+ * driver's statuses: SC_ERR_NO_DRIVER when none is installed (count 0). */
 SC_API sc_status sc_device_count(int *count);
 
-/* Properties of device `device` (0 .. count-1). */
+/* Properties of device `device` (0 .. count-1). SC_ERR_NO_DEVICE for another ordinal. */
 SC_API sc_status sc_device_info(int device, sc_device_props *props);
 
 /* Free and total device memory now, in bytes. Activates the device's primary context
- * for the duration of the call if no safecuda context holds it. */
+ * for the duration of the call if no safecuda context holds it. SC_ERR_NO_DEVICE for an
+ * ordinal that does not exist. */
 SC_API sc_status sc_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* ======================================================================================
@@ -182,7 +211,9 @@ typedef struct sc_context_desc {
 
 /* Create a context over the device's primary context (retained; released on destroy).
  * A context may be used from any thread: the library makes it current where needed.
- * desc may be NULL (device 0, defaults). Use the macro: it records the call site. */
+ * desc may be NULL (device 0, defaults). Use the macro: it records the call site.
+ * SC_ERR_NO_DEVICE for an ordinal that does not exist; SC_ERR_OUT_OF_MEMORY when the
+ * device can't hold another context. */
 SC_API sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *ctx,
                                       const char *file, int line);
 #define sc_context_create(...) sc_context_create_at(__VA_ARGS__, __FILE__, __LINE__)
@@ -195,10 +226,11 @@ SC_API sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *c
  * as for any destroy (see the top of this file). */
 SC_API sc_status sc_context_destroy(sc_context ctx);
 
-/* The device ordinal of the context. */
+/* The device ordinal of the context. Works on a lost context too. */
 SC_API sc_status sc_context_device(sc_context ctx, int *device);
 
-/* Wait for all work queued in the context. */
+/* Wait for all work queued in the context. SC_ERR_CONTEXT_LOST when that work met a
+ * sticky device error (a kernel's illegal address, say): the context is lost from then. */
 SC_API sc_status sc_context_synchronize(sc_context ctx);
 
 /* SC_OK while usable; SC_ERR_CONTEXT_LOST (message: the original error) once lost. */
@@ -216,12 +248,13 @@ typedef struct sc_object_info {
 
 /* List the context's live objects into out[0 .. capacity) in creation order and set
  * *count to how many there are (which may be more than capacity). out may be NULL when
- * capacity is 0. */
+ * capacity is 0 (SC_ERR_INVALID_ARGUMENT otherwise). Works on a lost context. The strings
+ * stay valid while the objects live. */
 SC_API sc_status sc_context_live_objects(sc_context ctx, sc_object_info *out, size_t capacity,
                                          size_t *count);
 
 /* Write the list of live objects through the log callback; *count (may be NULL) gets the
- * number. */
+ * number. Works on a lost context. */
 SC_API sc_status sc_context_live_report(sc_context ctx, size_t *count);
 
 /* Memory held by the context and the device (sc_context_memory). */
@@ -239,6 +272,7 @@ typedef struct sc_memory_stats {
     uint64_t device_total;
 } sc_memory_stats;
 
+/* The figures above, now. */
 SC_API sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats);
 
 /* Wait for the context's work, then return the pool's cached (unused) device memory to
@@ -296,17 +330,22 @@ SC_API sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc,
 #define sc_stream_create(...) sc_stream_create_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Finish the stream's queued work, then destroy it. The default stream can't be
- * destroyed (it goes with its context). */
+ * destroyed (it goes with its context): SC_ERR_INVALID_ARGUMENT. The destroy statuses of
+ * the top of this file. */
 SC_API sc_status sc_stream_destroy(sc_stream stream);
 
-/* The context's default stream as a handle (it is never reported as a leak). */
+/* The context's default stream as a handle (it is never reported as a leak). Creates it
+ * on first use. */
 SC_API sc_status sc_context_default_stream(sc_context ctx, sc_stream *stream);
 
-/* Wait until the stream's queued work is done. */
+/* Wait until the stream's queued work is done. SC_ERR_CONTEXT_LOST when it met a sticky
+ * device error. */
 SC_API sc_status sc_stream_synchronize(sc_stream stream);
-/* SC_OK when all queued work is done, SC_ERR_NOT_READY while some is running. */
+/* SC_OK when all queued work is done, SC_ERR_NOT_READY while some is running (an answer,
+ * not a failure: it sets no message). */
 SC_API sc_status sc_stream_query(sc_stream stream);
-/* Make later work on stream wait until event's last record has completed. */
+/* Make later work on stream wait until event's last record has completed (an event never
+ * recorded is complete: no wait). Does not block the host. */
 SC_API sc_status sc_stream_wait(sc_stream stream, sc_event event);
 /* The stream's clamped priority. */
 SC_API sc_status sc_stream_priority(sc_stream stream, int *priority);
@@ -317,15 +356,28 @@ typedef struct sc_event_desc {
     const char *label;
 } sc_event_desc;
 
+/* Create an event of the context (desc may be NULL: no timing, spin on synchronize). Use
+ * the macro: it records the call site. */
 SC_API sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc,
                                     sc_event *event, const char *file, int line);
 #define sc_event_create(...) sc_event_create_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Destroy the event (waits already enqueued on it still happen). The destroy statuses of
+ * the top of this file. */
 SC_API sc_status sc_event_destroy(sc_event event);
+/* Record the event at the current end of stream (SC_DEFAULT_STREAM: the event's context's
+ * default stream). A later record replaces the earlier one for waits and queries.
+ * SC_ERR_WRONG_CONTEXT for a stream of another context. */
 SC_API sc_status sc_event_record(sc_event event, sc_stream stream);
+/* Wait on the host until the event's last record has completed (at once if it was never
+ * recorded). SC_ERR_CONTEXT_LOST when the work before it met a sticky device error. */
 SC_API sc_status sc_event_synchronize(sc_event event);
-/* SC_OK when the recorded work is done, SC_ERR_NOT_READY while it runs. */
+/* SC_OK when the recorded work is done (or the event was never recorded),
+ * SC_ERR_NOT_READY while it runs (an answer, not a failure: it sets no message). */
 SC_API sc_status sc_event_query(sc_event event);
-/* Milliseconds between two recorded timing events (start, end). */
+/* Milliseconds between two recorded timing events (start, end). SC_ERR_INVALID_ARGUMENT
+ * when either was created without .timing or never recorded; SC_ERR_NOT_READY (with a
+ * message) while either record is still pending; SC_ERR_WRONG_CONTEXT for events of two
+ * contexts. */
 SC_API sc_status sc_event_elapsed(sc_event start, sc_event end, float *ms);
 
 /* ======================================================================================
@@ -344,13 +396,16 @@ typedef struct sc_buffer_desc {
 
 /* Allocate stream-ordered from the context's pool. Fails with SC_ERR_BUDGET_EXCEEDED past
  * the context's vram_budget and SC_ERR_OUT_OF_MEMORY when the device has no room; the
- * context stays usable after either. The memory is uninitialised unless desc->zero. */
+ * context stays usable after either. The memory is uninitialised unless desc->zero.
+ * SC_ERR_INVALID_ARGUMENT for an invalid dtype or a zero count; SC_ERR_OVERFLOW when
+ * count x element size does not fit 64 bits. */
 SC_API sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc,
                                      sc_buffer *buffer, const char *file, int line);
 #define sc_buffer_create(...) sc_buffer_create_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Free the buffer after all work queued on it on any stream (stream-ordered: the call
- * does not wait). Later uses of the handle, or of views of it, are SC_ERR_STALE_HANDLE. */
+ * does not wait). Later uses of the handle, or of views of it, are SC_ERR_STALE_HANDLE,
+ * and so is a second destroy. The destroy statuses of the top of this file. */
 SC_API sc_status sc_buffer_destroy(sc_buffer buffer);
 
 typedef struct sc_buffer_props {
@@ -363,6 +418,8 @@ typedef struct sc_buffer_props {
     sc_context context;
 } sc_buffer_props;
 
+/* The buffer's element type, size, label, creation site and context. props->file points
+ * into the library's record: it stays valid while the buffer lives. */
 SC_API sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props);
 
 /* UNCHECKED escape hatch for interop: the buffer's device address. safecuda can't see
@@ -388,10 +445,14 @@ static inline sc_view sc_view_of(sc_buffer buffer)
 }
 
 /* A checked view of elements [offset, offset + count) of the buffer (count may be
- * SC_WHOLE). The result has an explicit count. */
+ * SC_WHOLE). The result has an explicit count. SC_ERR_OVERFLOW when offset + count wraps
+ * around 64 bits; SC_ERR_OUT_OF_BOUNDS when the range ends past the buffer (or offset is
+ * past its end with SC_WHOLE). Every function that takes a view applies the same checks
+ * to it, with the same statuses. */
 SC_API sc_status sc_buffer_view(sc_buffer buffer, uint64_t offset, uint64_t count,
                                 sc_view *view);
-/* A view of elements [offset, offset + count) of a view. */
+/* A view of elements [offset, offset + count) of a view (offsets relative to the view).
+ * SC_ERR_OVERFLOW when offset + count wraps; SC_ERR_OUT_OF_BOUNDS past the view's end. */
 SC_API sc_status sc_view_sub(sc_view view, uint64_t offset, uint64_t count, sc_view *sub);
 
 /* ======================================================================================
@@ -412,9 +473,14 @@ typedef struct sc_host_buffer_desc {
     bool zero;          /* fill with zero bytes */
 } sc_host_buffer_desc;
 
+/* Allocate desc->bytes (at least 1, else SC_ERR_INVALID_ARGUMENT) of pinned host memory
+ * for the context. SC_ERR_HOST_OUT_OF_MEMORY when the system can't pin that much. Use the
+ * macro: it records the call site. */
 SC_API sc_status sc_host_buffer_create_at(sc_context ctx, const sc_host_buffer_desc *desc,
                                           sc_host_buffer *host, const char *file, int line);
 #define sc_host_buffer_create(...) sc_host_buffer_create_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Wait for the copies in flight that use it, then free it. The destroy statuses of the top
+ * of this file. */
 SC_API sc_status sc_host_buffer_destroy(sc_host_buffer host);
 /* SC_ERR_BUSY (and nothing destroyed) while a copy using it is in flight. */
 SC_API sc_status sc_host_buffer_try_destroy(sc_host_buffer host);
@@ -423,7 +489,9 @@ SC_API sc_status sc_host_buffer_try_destroy(sc_host_buffer host);
 SC_API sc_status sc_host_buffer_ptr(sc_host_buffer host, void **ptr, uint64_t *bytes);
 /* SC_ERR_BUSY instead of waiting. */
 SC_API sc_status sc_host_buffer_try_ptr(sc_host_buffer host, void **ptr, uint64_t *bytes);
-/* Wait for the copies in flight, then copy bytes in or out at a byte offset. */
+/* Wait for the copies in flight, then copy bytes in or out at a byte offset.
+ * SC_ERR_OVERFLOW when offset + bytes wraps; SC_ERR_OUT_OF_BOUNDS past the buffer's end;
+ * SC_ERR_INVALID_ARGUMENT for a NULL src/dst with bytes > 0. */
 SC_API sc_status sc_host_buffer_write(sc_host_buffer host, uint64_t offset, const void *src,
                                       uint64_t bytes);
 SC_API sc_status sc_host_buffer_read(sc_host_buffer host, uint64_t offset, void *dst,
@@ -435,7 +503,16 @@ SC_API sc_status sc_host_buffer_read(sc_host_buffer host, uint64_t offset, void 
  * Every copy checks the views against their buffers, sizes against each other (host
  * sizes are in bytes and must equal the view's bytes), element types (device-to-device
  * views must have the same dtype), contexts, and overflow. A zero-element view is a
- * no-op. The stream argument may be SC_DEFAULT_STREAM.
+ * no-op. The stream argument may be SC_DEFAULT_STREAM. The statuses:
+ *   SC_ERR_OUT_OF_BOUNDS   a view outside its buffer; a host size that differs from the
+ *                          view's bytes; two device views of different element counts; a
+ *                          pinned range past the host buffer's end;
+ *   SC_ERR_OVERFLOW        a view's offset + count, or a pinned offset + size, wraps
+ *                          around 64 bits;
+ *   SC_ERR_TYPE_MISMATCH   device views of different dtypes (sc_copy);
+ *   SC_ERR_INVALID_ARGUMENT  a NULL host pointer with a non-zero size; overlapping views
+ *                          of one buffer (sc_copy); a NULL fill value;
+ *   SC_ERR_WRONG_CONTEXT   views, host buffers and the stream of different contexts.
  * ==================================================================================== */
 
 /* From pageable host memory: returns once src may be reused (the call waits for the
@@ -529,20 +606,23 @@ SC_API sc_status sc_program_lowered_name(sc_program program, const char *name_ex
 typedef struct sc_module { uint64_t id; } sc_module;
 typedef struct sc_kernel { uint64_t id; } sc_kernel;
 
-/* Load a compiled program into the context. */
+/* Load a compiled program into the context. SC_ERR_WRONG_CONTEXT for a program compiled
+ * for another context; SC_ERR_NOT_SUPPORTED or SC_ERR_DRIVER (the driver's JIT log in the
+ * message) when the device can't run the image. */
 SC_API sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module *module,
                                    const char *file, int line);
 #define sc_module_load(...) sc_module_load_at(__VA_ARGS__, __FILE__, __LINE__)
 /* Load a PTX, cubin or fatbin image from memory (PTX need not be NUL-terminated) or a
  * file (a regular, non-empty one: a folder, an empty file or an unreadable path is
- * SC_ERR_IO). */
+ * SC_ERR_IO). An image the driver rejects is SC_ERR_DRIVER, its JIT log in the message. */
 SC_API sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t bytes,
                                          sc_module *module, const char *file, int line);
 #define sc_module_load_image(...) sc_module_load_image_at(__VA_ARGS__, __FILE__, __LINE__)
 SC_API sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_module *module,
                                         const char *file, int line);
 #define sc_module_load_file(...) sc_module_load_file_at(__VA_ARGS__, __FILE__, __LINE__)
-/* Unload the module; its kernels' handles become stale. */
+/* Unload the module; its kernels' handles become stale. The destroy statuses of the top of
+ * this file. */
 SC_API sc_status sc_module_destroy(sc_module module);
 
 /* The names of the module's kernels (mangled for C++ kernels): up to capacity of them
@@ -552,7 +632,11 @@ SC_API sc_status sc_module_kernel_names(sc_module module, const char **names, si
                                         size_t *count);
 
 /* A kernel of the module by name: an extern "C" name, a mangled name, or one of the
- * program's name expressions (e.g. "scale<float>"). */
+ * program's name expressions (e.g. "scale<float>"). SC_ERR_INVALID_ARGUMENT when the
+ * module has no such kernel. The kernel's
+ * parameters are read here (cuFuncGetParamInfo, CUDA 12.4+ drivers); with an older driver
+ * they can't be, and the library logs once, for this kernel, that its launches will skip
+ * the argument checks (see sc_kernel_launch). */
 SC_API sc_status sc_kernel_get_at(sc_module module, const char *name, sc_kernel *kernel,
                                   const char *file, int line);
 #define sc_kernel_get(...) sc_kernel_get_at(__VA_ARGS__, __FILE__, __LINE__)
@@ -570,11 +654,15 @@ typedef struct sc_kernel_props {
     bool typed;                 /* parameter types known (decoded from a mangled name) */
 } sc_kernel_props;
 
+/* The kernel's resources and limits, as the driver reports them. */
 SC_API sc_status sc_kernel_info(sc_kernel kernel, sc_kernel_props *props);
 /* Raise (or lower) the dynamic shared memory a launch may ask for, up to the device's
- * opt-in limit minus the kernel's static shared memory. */
+ * opt-in limit minus the kernel's static shared memory (SC_ERR_INVALID_ARGUMENT past it or
+ * below 0). */
 SC_API sc_status sc_kernel_set_max_dynamic_shared(sc_kernel kernel, int bytes);
-/* Resident blocks per SM for a block size and dynamic shared memory. */
+/* Resident blocks per SM for a block size and dynamic shared memory (0 when that block
+ * can't run at all). SC_ERR_INVALID_ARGUMENT for block_threads outside 1 .. the kernel's
+ * maximum threads per block. */
 SC_API sc_status sc_kernel_occupancy(sc_kernel kernel, int block_threads,
                                      uint64_t shared_bytes, int *blocks_per_sm);
 
@@ -599,7 +687,9 @@ typedef struct sc_launch_desc {
 } sc_launch_desc;
 
 /* A grid/block covering n elements with one thread each, at the block size the
- * occupancy calculator suggests for the kernel. */
+ * occupancy calculator suggests for the kernel; past the device's largest grid.x the grid
+ * stops there (the kernel must then stride over the rest). SC_ERR_INVALID_ARGUMENT for
+ * n = 0. */
 SC_API sc_status sc_launch_config_for(uint64_t n, sc_kernel kernel, sc_launch_desc *desc);
 
 typedef enum sc_arg_kind {
@@ -673,7 +763,9 @@ typedef struct sc_tensor_map {
 } sc_tensor_map;
 
 /* Describe view as desc says. SC_ERR_NOT_SUPPORTED before sm_90 or without driver support
- * (CUDA 12.0+). */
+ * (CUDA 12.0+); SC_ERR_INVALID_ARGUMENT for a shape that is not the view's, a row that is
+ * not a multiple of 16 bytes or not 16-byte aligned, a box out of range (the message names
+ * the field and the limit); the view's statuses. */
 SC_API sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc,
                                       sc_tensor_map *map);
 
@@ -684,10 +776,27 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
  * against the kernel's parameters (cuFuncGetParamInfo); for kernels with C++ (mangled)
  * names, each parameter's type (a view's dtype against the pointer's element type, a
  * const T* parameter passed as out/inout, a scalar's dtype); the grid, block and shared
- * memory against the device's and the kernel's limits. A mismatch is SC_ERR_LAUNCH or
- * SC_ERR_TYPE_MISMATCH naming the argument index, what the kernel wants and what was
- * given; nothing is launched. The views' accesses order the launch after conflicting
- * work on other streams (see streams). */
+ * memory against the device's and the kernel's limits. A mismatch names the argument
+ * index, what the kernel wants and what was given; nothing is launched:
+ *   SC_ERR_LAUNCH          the shape of the call is wrong: the argument count, an
+ *                          argument's size in bytes, more than 64 arguments, a grid or
+ *                          block dimension of 0 or past the device's limit, too many
+ *                          threads a block for the kernel, too much dynamic shared memory;
+ *   SC_ERR_TYPE_MISMATCH   the sizes fit but the types don't (C++ kernels only): a view of
+ *                          another dtype than the pointer's element type, a view where the
+ *                          kernel takes a scalar or a scalar where it takes a pointer, a
+ *                          scalar of another dtype, a const T* parameter passed as
+ *                          sc_arg_out/sc_arg_inout;
+ *   SC_ERR_INVALID_ARGUMENT  an invalid argument kind or scalar dtype, sc_arg_bytes with NULL
+ *                          or size 0, a tensor map moved from the address it was encoded for;
+ *   the view statuses (SC_ERR_STALE_HANDLE, SC_ERR_OUT_OF_BOUNDS, SC_ERR_OVERFLOW) for a
+ *   view argument, SC_ERR_WRONG_CONTEXT for a view or stream of another context than the
+ *   kernel's.
+ * With a driver older than CUDA 12.4 (sc_kernel_props.n_params == -1) the driver can't
+ * report a kernel's parameters: the count, size and type checks are skipped (the launch
+ * configuration and the views are still checked), and sc_kernel_get logs that once per
+ * kernel. The views' accesses order the launch after conflicting work on other streams
+ * (see streams). */
 SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
                                   const sc_arg *args, size_t nargs);
 

@@ -53,10 +53,23 @@ typedef struct sc_moe_desc {
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
  * handles, so destroying a weight buffer makes later forwards fail with a stale handle).
- * Compiles the MoE kernels on first use (cached on disk). */
+ * Compiles the MoE kernels on first use (cached on disk). Statuses, besides those every
+ * function may return (safecuda.h):
+ *   SC_ERR_INVALID_ARGUMENT  a desc field out of range (experts, top_k, hidden,
+ *                            intermediate, scoring, backend; the message names it), a
+ *                            weight buffer of the wrong element count;
+ *   SC_ERR_TYPE_MISMATCH     a weight buffer of another dtype than desc->dtype (the bias:
+ *                            other than f32);
+ *   SC_ERR_NOT_SUPPORTED     a dtype other than bf16, a device older than sm_80, or
+ *                            backend SM90 on a device other than sm_90;
+ *   SC_ERR_NO_COMPILER, SC_ERR_COMPILE  the kernels can't be compiled (NVRTC missing);
+ *   SC_ERR_OUT_OF_MEMORY, SC_ERR_BUDGET_EXCEEDED  the workspace does not fit. */
 SC_API sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
                                   const char *file, int line);
 #define sc_moe_create(...) sc_moe_create_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Destroy the layer: its workspace is freed after the forwards in flight (stream-ordered),
+ * its kernels' module unloaded; the weight buffers stay the caller's. The destroy
+ * statuses of safecuda.h. */
 SC_API sc_status sc_moe_destroy(sc_moe layer);
 
 /* Where a forward's time goes: the device time of each kernel (and fill) it enqueued, in
@@ -81,11 +94,19 @@ typedef struct sc_moe_forward_desc {
 
 /* out [T, H] = MoE(x [T, H]) on stream; T = x's element count / H. Both views are bf16 and
  * start at a multiple of 8 elements (16 bytes); out must not overlap x. opts may be NULL.
- * Grows the workspace when T exceeds it (stream-ordered, no host synchronization). */
+ * Grows the workspace when T exceeds it (stream-ordered, no host synchronization).
+ * Statuses: SC_ERR_TYPE_MISMATCH when x or out is not bf16, or an expert_ids /
+ * expert_weights view is not i32 / f32; SC_ERR_INVALID_ARGUMENT when x is not T x H, out
+ * differs from x in size, a view does not start 16-byte aligned, out overlaps x, or T is
+ * too large for one forward; SC_ERR_OUT_OF_BOUNDS when an optional output view does not
+ * hold T x k elements; SC_ERR_STALE_HANDLE when a weight buffer was destroyed;
+ * SC_ERR_OUT_OF_MEMORY / SC_ERR_BUDGET_EXCEEDED when the workspace can't grow; the view
+ * statuses of safecuda.h. Every check is made before anything is enqueued. */
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
 
-/* Bytes of device workspace the layer holds now. */
+/* Bytes of device workspace the layer holds now (0 before its first forward if create
+ * reserved none). */
 SC_API sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes);
 
 #ifdef __cplusplus

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "compile/program.h"
+#include "core/log.h"
 #include "driver/driver.h"
 #include "launch/module.h"
 
@@ -319,8 +320,16 @@ out:
 static sc_status read_params(sci_kernel *k, const char *fn)
 {
     k->n_params = -1;
-    if (!sci_driver_has_param_info())
+    if (!sci_driver_has_param_info()) {
+        /* Said once per kernel (sc_kernel_get makes each kernel once), never silently. */
+        sci_log(SC_LOG_WARN,
+                "%s: kernel '%s': the driver (CUDA %d.%d, before 12.4) can't report a "
+                "kernel's parameters, so launches of it skip the argument count, size and "
+                "type checks",
+                fn, k->display, sci_driver_cuda_version() / 1000,
+                (sci_driver_cuda_version() % 1000) / 10);
         return SC_OK;
+    }
     int n = 0;
     for (; n < SCI_MAX_PARAMS; n++) {
         size_t off = 0, size = 0;
