@@ -74,7 +74,8 @@ typedef enum sc_status {
     SC_ERR_DRIVER,             /* any other CUDA driver error (its name is in the message) */
     SC_ERR_COMPILE,            /* NVRTC rejected a program (its log is in the message) */
     SC_ERR_LAUNCH,             /* a launch's arguments or configuration are invalid */
-    SC_ERR_NOT_SUPPORTED,      /* the driver or device lacks a needed feature */
+    SC_ERR_NOT_SUPPORTED,      /* the driver or device lacks a needed feature (also any
+                                  launch on the test device: its kernels never run) */
     SC_ERR_IO,                 /* a file could not be read or written */
     SC_ERR_LIMIT,              /* an internal limit was reached (e.g. too many objects) */
     SC_ERR_INTERNAL,           /* a bug in safecuda: please report it */
@@ -683,7 +684,8 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
  * memory against the device's and the kernel's limits. A mismatch is SC_ERR_LAUNCH or
  * SC_ERR_TYPE_MISMATCH naming the argument index, what the kernel wants and what was
  * given; nothing is launched. The views' accesses order the launch after conflicting
- * work on other streams (see streams). */
+ * work on other streams (see streams). On the test device (SAFECUDA_DEVICE=test) a launch
+ * that passes the checks fails with SC_ERR_NOT_SUPPORTED: kernels do not run there. */
 SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
                                   const sc_arg *args, size_t nargs);
 

@@ -51,17 +51,17 @@ int main(void)
     CUresult (*init)(unsigned) = NULL;
     *(void **)&init = sym(h, "cuInit");
     *(void **)&get_proc = sym(h, "cuGetProcAddress_v2");
-    *(void **)&misuse = sym(h, "fake_cuda_misuse_count");
+    *(void **)&misuse = sym(h, "safecuda_testdevice_misuse_count");
     sym(h, "cuDriverGetVersion");
     sym(h, "cuGetErrorName");
     sym(h, "cuGetErrorString");
-    const char *counters[] = {"fake_cuda_live_device_allocations",
-                              "fake_cuda_live_host_allocations", "fake_cuda_live_streams",
-                              "fake_cuda_live_events", "fake_cuda_live_modules"};
+    const char *counters[] = {"safecuda_testdevice_live_device_allocations",
+                              "safecuda_testdevice_live_host_allocations", "safecuda_testdevice_live_streams",
+                              "safecuda_testdevice_live_events", "safecuda_testdevice_live_modules"};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         sym(h, counters[i]);
     long (*live_device)(void) = NULL;
-    *(void **)&live_device = sym(h, "fake_cuda_live_device_allocations");
+    *(void **)&live_device = sym(h, "safecuda_testdevice_live_device_allocations");
 
     /* Every row resolves, by its exact name; anything else is "symbol not found". */
     int status = -1;
@@ -148,7 +148,7 @@ int main(void)
     CHECK(live_device() == 0);
     size_t free_b = 0, total_b = 0;
     EXPECT(cu.cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS, 0);
-    CHECK(total_b == 64ull << 20 && free_b == total_b); /* SAFECUDA_FAKE_TOTAL_MB=64 */
+    CHECK(total_b == 64ull << 20 && free_b == total_b); /* SAFECUDA_TESTDEVICE_MEMORY_MB=64 */
     EXPECT(cu.cuMemAlloc(&p, 65ull << 20), CUDA_ERROR_OUT_OF_MEMORY, 0);
 
     /* Pinned host memory and pointer attributes. */

@@ -53,6 +53,7 @@ int main(void)
     CHECK(sci_status_from_cu(CUDA_SUCCESS) == SC_OK);
     CHECK(sci_status_from_cu(CUDA_ERROR_LAUNCH_FAILED) == SC_ERR_CONTEXT_LOST);
     CHECK(sci_status_from_cu(CUDA_ERROR_NOT_READY) == SC_ERR_NOT_READY);
+    CHECK(sci_status_from_cu(CUDA_ERROR_NOT_SUPPORTED) == SC_ERR_NOT_SUPPORTED);
 
     /* The built-in table knows every sticky error by name (a lost context's message
      * must say which), with CUDA's own text. */
