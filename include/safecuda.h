@@ -110,7 +110,10 @@ SC_API void sc_set_log_callback(sc_log_fn fn, void *user);
 SC_API const char *sc_version_string(void);
 
 /* Load the CUDA driver now (it is otherwise loaded on first use). SC_ERR_NO_DRIVER says
- * what was tried and what to install. Safe to call many times and from many threads. */
+ * what was tried and what to install. Safe to call many times and from many threads.
+ * SAFECUDA_DEVICE=test loads the test device instead (libsafecuda_testdevice.so, installed
+ * beside libsafecuda: host memory, kernels do not run); another SAFECUDA_DEVICE value is
+ * SC_ERR_INVALID_ARGUMENT. SAFECUDA_LIBCUDA, when set, names the file to load. */
 SC_API sc_status sc_init(void);
 
 /* The CUDA version the driver supports, as 1000 * major + 10 * minor (e.g. 13000). */
