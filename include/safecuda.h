@@ -96,7 +96,8 @@ typedef enum sc_status {
     SC_ERR_DRIVER,             /* any other CUDA driver error (its name is in the message) */
     SC_ERR_COMPILE,            /* NVRTC rejected a program (its log is in the message) */
     SC_ERR_LAUNCH,             /* a launch's arguments or configuration are invalid */
-    SC_ERR_NOT_SUPPORTED,      /* the driver or device lacks a needed feature */
+    SC_ERR_NOT_SUPPORTED,      /* the driver or device lacks a needed feature (also any
+                                  launch on the test device: its kernels never run) */
     SC_ERR_IO,                 /* a file could not be read or written */
     SC_ERR_LIMIT,              /* an internal limit was reached (e.g. too many objects) */
     SC_ERR_INTERNAL,           /* a bug in safecuda: please report it */
@@ -133,7 +134,10 @@ SC_API const char *sc_version_string(void);
 /* Load the CUDA driver now (it is otherwise loaded on first use). SC_ERR_NO_DRIVER says
  * what was tried and what to install; SC_ERR_DRIVER that a libcuda was found but can't be
  * used, and why. The answer is decided once per process. Safe to call many times and from
- * many threads. */
+ * many threads. SAFECUDA_DEVICE=test loads the test device instead
+ * (libsafecuda_testdevice.so, installed beside libsafecuda: host memory, kernels do not
+ * run); another SAFECUDA_DEVICE value is SC_ERR_INVALID_ARGUMENT. SAFECUDA_LIBCUDA, when
+ * set, names the file to load. */
 SC_API sc_status sc_init(void);
 
 /* The CUDA version the driver supports, as 1000 * major + 10 * minor (e.g. 13000). Loads
@@ -796,7 +800,8 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
  * report a kernel's parameters: the count, size and type checks are skipped (the launch
  * configuration and the views are still checked), and sc_kernel_get logs that once per
  * kernel. The views' accesses order the launch after conflicting work on other streams
- * (see streams). */
+ * (see streams). On the test device (SAFECUDA_DEVICE=test) a launch that passes the
+ * checks fails with SC_ERR_NOT_SUPPORTED: kernels do not run there. */
 SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
                                   const sc_arg *args, size_t nargs);
 

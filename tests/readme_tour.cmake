@@ -1,7 +1,11 @@
-# The README's tour must be examples/tour.c verbatim (which the build compiles).
+# The README's code blocks must be the examples verbatim (which the build compiles): the
+# tour (examples/tour.c) and the test-device example (examples/testdevice_test.c).
 file(READ ${SOURCE_DIR}/README.md readme)
-file(READ ${SOURCE_DIR}/examples/tour.c tour)
-string(FIND "${readme}" "```c\n${tour}```" at)
-if(at EQUAL -1)
-  message(FATAL_ERROR "README.md's tour and examples/tour.c differ: copy one into the other")
-endif()
+foreach(example tour testdevice_test)
+  file(READ ${SOURCE_DIR}/examples/${example}.c code)
+  string(FIND "${readme}" "```c\n${code}```" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "README.md's copy of examples/${example}.c differs from the file: "
+                        "copy one into the other")
+  endif()
+endforeach()

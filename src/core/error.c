@@ -105,6 +105,8 @@ sc_status sci_status_from_cu(CUresult r)
         return SC_ERR_NO_DRIVER;
     if (r == CUDA_ERROR_NO_DEVICE || r == CUDA_ERROR_INVALID_DEVICE)
         return SC_ERR_NO_DEVICE;
+    if (r == CUDA_ERROR_NOT_SUPPORTED)
+        return SC_ERR_NOT_SUPPORTED;
     if (sci_cu_error_is_sticky(r))
         return SC_ERR_CONTEXT_LOST;
     return SC_ERR_DRIVER;

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "driver/cu_errors.h"
+
 /* ---- driver types ------------------------------------------------------------------ */
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -28,46 +30,10 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 typedef void (*CUhostFn)(void *user);
 typedef size_t (*CUoccupancyB2DSize)(int block_size);
 
-typedef enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_DEINITIALIZED = 4,
-    CUDA_ERROR_STUB_LIBRARY = 34,
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36,
-    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
-    CUDA_ERROR_NO_DEVICE = 100,
-    CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
-    CUDA_ERROR_ECC_UNCORRECTABLE = 214,
-    CUDA_ERROR_INVALID_PTX = 218,
-    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
-    CUDA_ERROR_CONTAINED = 226,
-    CUDA_ERROR_INVALID_SOURCE = 300,
-    CUDA_ERROR_FILE_NOT_FOUND = 301,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_NOT_READY = 600,
-    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
-    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
-    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
-    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
-    CUDA_ERROR_ASSERT = 710,
-    CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
-    CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
-    CUDA_ERROR_MISALIGNED_ADDRESS = 716,
-    CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
-    CUDA_ERROR_INVALID_PC = 718,
-    CUDA_ERROR_LAUNCH_FAILED = 719,
-    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
-    CUDA_ERROR_NOT_PERMITTED = 800,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
-    CUDA_ERROR_UNKNOWN = 999
-} CUresult;
+/* Every code of cu_errors.h (one list: the names and texts are made from it too). */
+#define SCI_CU_ERROR_ENUM(name, value, text) name = value,
+typedef enum { SCI_CU_ERRORS(SCI_CU_ERROR_ENUM) } CUresult;
+#undef SCI_CU_ERROR_ENUM
 
 typedef enum {
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,

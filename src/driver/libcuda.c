@@ -50,21 +50,91 @@ static void handle_path(void *h, const char *fallback, char *out, size_t size)
 static const char *const install_hint =
     "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it";
 
-static void fail(const char *fmt, ...)
+static void fail_status(sc_status status, const char *fmt, va_list ap)
 {
-    load_status = SC_ERR_NO_DRIVER;
-    va_list ap;
-    va_start(ap, fmt);
+    load_status = status;
     vsnprintf(load_message, sizeof load_message, fmt, ap);
-    va_end(ap);
     if (handle)
         dlclose(handle);
     handle = NULL;
     memset(&sci_cu_table, 0, sizeof sci_cu_table);
 }
 
+__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_status(SC_ERR_NO_DRIVER, fmt, ap);
+    va_end(ap);
+}
+
+__attribute__((format(printf, 1, 2))) static void fail_config(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_status(SC_ERR_INVALID_ARGUMENT, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the test device -------------------------------------------------------------------
+ * SAFECUDA_DEVICE=test loads libsafecuda_testdevice.so (testdevice/) instead of libcuda:
+ * from beside the library file this code is in (libsafecuda.so, or the program that
+ * linked libsafecuda.a), from the install's libdir, then by name through the dynamic
+ * linker (LD_LIBRARY_PATH, the program's RUNPATH, the system's folders). */
+#define TESTDEVICE_NAME "libsafecuda_testdevice.so"
+
+static bool try_open(const char *name, char *tried, size_t size)
+{
+    handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+        handle_path(handle, name, library_path, sizeof library_path);
+        return true;
+    }
+    const char *why = dlerror();
+    size_t len = strlen(name);
+    if (why && strncmp(why, name, len) == 0 && strncmp(why + len, ": ", 2) == 0)
+        why += len + 2; /* dlerror repeats the name */
+    appendf(tried, size, "%s%s (%s)", tried[0] ? "; " : "", name, why ? why : "not found");
+    return false;
+}
+
+static bool open_test_device(char *tried, size_t size)
+{
+    char path[1024];
+    Dl_info info;
+    if (dladdr((void *)(uintptr_t)sci_driver_load, &info) && info.dli_fname &&
+        strrchr(info.dli_fname, '/')) {
+        int dir = (int)(strrchr(info.dli_fname, '/') - info.dli_fname);
+        if ((size_t)snprintf(path, sizeof path, "%.*s/%s", dir, info.dli_fname,
+                             TESTDEVICE_NAME) < sizeof path &&
+            try_open(path, tried, size))
+            return true;
+    }
+#ifdef SAFECUDA_INSTALL_LIBDIR
+    snprintf(path, sizeof path, "%s/%s", SAFECUDA_INSTALL_LIBDIR, TESTDEVICE_NAME);
+    if (try_open(path, tried, size))
+        return true;
+#endif
+    return try_open(TESTDEVICE_NAME, tried, size);
+}
+
 static void load(void)
 {
+    /* SAFECUDA_DEVICE: unset, empty or "cuda" for the NVIDIA driver, "test" for the test
+     * device. SAFECUDA_LIBCUDA, when set, names the file to load either way. */
+    const char *device = getenv("SAFECUDA_DEVICE");
+    bool test_device = false;
+    if (device && device[0] && strcmp(device, "cuda") != 0) {
+        if (strcmp(device, "test") != 0) {
+            fail_config("SAFECUDA_DEVICE=%s is not a device safecuda knows: set "
+                        "SAFECUDA_DEVICE=test for the test device (no GPU: device memory is "
+                        "host memory, kernels do not run), or leave it unset (or \"cuda\") "
+                        "for the NVIDIA driver",
+                        device);
+            return;
+        }
+        test_device = true;
+    }
     const char *override = getenv("SAFECUDA_LIBCUDA");
     const char *defaults[] = {"libcuda.so.1", "libcuda.so"};
     const char *const *names = defaults;
@@ -75,20 +145,22 @@ static void load(void)
     }
 
     char tried[1536] = "";
-    for (size_t i = 0; i < n_names && !handle; i++) {
-        handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!handle) {
-            const char *why = dlerror();
-            appendf(tried, sizeof tried, "%s%s (%s)", tried[0] ? "; " : "", names[i],
-                    why ? why : "not found");
-        } else {
-            handle_path(handle, names[i], library_path, sizeof library_path);
+    if (test_device && !(override && override[0])) {
+        if (!open_test_device(tried, sizeof tried)) {
+            fail("cannot load the safecuda test device (SAFECUDA_DEVICE=test): tried %s; it "
+                 "is installed with safecuda, beside libsafecuda: point SAFECUDA_LIBCUDA at the "
+                 "installed %s",
+                 tried, TESTDEVICE_NAME);
+            return;
         }
     }
+    for (size_t i = 0; i < n_names && !handle; i++)
+        try_open(names[i], tried, sizeof tried);
     if (!handle) {
         if (override && override[0])
-            fail("cannot load the CUDA driver library from SAFECUDA_LIBCUDA=%s: tried %s; %s",
-                 override, tried, install_hint);
+            fail("cannot load the %s from SAFECUDA_LIBCUDA=%s: tried %s; %s",
+                 test_device ? "safecuda test device" : "CUDA driver library", override, tried,
+                 test_device ? "point it at " TESTDEVICE_NAME : install_hint);
         else
             fail("cannot load the CUDA driver library: tried %s; %s", tried, install_hint);
         return;
@@ -172,49 +244,13 @@ bool sci_driver_has_launch_ex(void) { return sci_cu_table.cuLaunchKernelEx != NU
 
 /* ---- error names ----------------------------------------------------------------------- */
 
+#define SCI_CU_ERROR_ROW(name, value, text) {name, #name, text},
 static const struct {
     CUresult code;
     const char *name;
     const char *text;
-} known_errors[] = {
-    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
-    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
-    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY",
-     "CUDA driver is a stub library"},
-    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
-    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
-     "no kernel image is available for execution on the device"},
-    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX",
-     "a PTX JIT compilation failed"},
-    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
-    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
-     "an illegal memory access was encountered"},
-    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-     "too many resources requested for launch"},
-    {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT",
-     "the launch timed out and was terminated"},
-    {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", "device-side assert triggered"},
-    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR",
-     "an illegal memory access was encountered"},
-    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-     "an illegal instruction was encountered"},
-    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"},
-    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-     "operation not supported on global/shared address space"},
-    {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC", "invalid program counter"},
-    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
-    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
-    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
-};
+} known_errors[] = {SCI_CU_ERRORS(SCI_CU_ERROR_ROW)};
+#undef SCI_CU_ERROR_ROW
 
 static const char *builtin_error(CUresult r, int which)
 {

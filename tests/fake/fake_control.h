@@ -1,6 +1,6 @@
-/* The host tests' view of the fake driver (tests/fake/fake_libcuda.c): its counters,
- * looked up in the copy of libcuda_fake.so that safecuda loaded (SAFECUDA_LIBCUDA).
- * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing measured through it says
+/* The host tests' view of the test device (testdevice/testdevice.c, "the fake" here): its
+ * counters, looked up in the copy of libsafecuda_testdevice.so that safecuda loaded
+ * (SAFECUDA_LIBCUDA). The test device runs no kernels: nothing measured through it says
  * anything about a GPU. */
 #ifndef SAFECUDA_TESTS_FAKE_CONTROL_H
 #define SAFECUDA_TESTS_FAKE_CONTROL_H
@@ -42,7 +42,7 @@ static inline void *fake_sym_(void *h, const char *name)
 {
     void *p = dlsym(h, name);
     if (!p) {
-        fprintf(stderr, "fake driver: no symbol %s in %s\n", name, getenv("SAFECUDA_LIBCUDA"));
+        fprintf(stderr, "test device: no symbol %s in %s\n", name, getenv("SAFECUDA_LIBCUDA"));
         exit(1);
     }
     return p;
@@ -54,33 +54,33 @@ static inline void fake_attach(void)
 {
     const char *path = getenv("SAFECUDA_LIBCUDA");
     if (!path || !path[0]) {
-        fprintf(stderr, "SAFECUDA_LIBCUDA is not set: these tests run against the fake "
-                        "driver (libcuda_fake.so)\n");
+        fprintf(stderr, "SAFECUDA_LIBCUDA is not set: these tests run against the test "
+                        "device (libsafecuda_testdevice.so)\n");
         exit(1);
     }
     if (sc_init() != SC_OK) {
-        fprintf(stderr, "sc_init failed against the fake driver: %s\n", sc_last_error());
+        fprintf(stderr, "sc_init failed against the test device: %s\n", sc_last_error());
         exit(1);
     }
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (!h) {
-        fprintf(stderr, "the fake driver %s is not loaded: %s\n", path, dlerror());
+        fprintf(stderr, "the test device %s is not loaded: %s\n", path, dlerror());
         exit(1);
     }
 #define FAKE_SYM(field, name) memcpy(&fake.field, &(void *){fake_sym_(h, name)}, sizeof(void *))
-    FAKE_SYM(misuse_count, "fake_cuda_misuse_count");
-    FAKE_SYM(live_device_allocations, "fake_cuda_live_device_allocations");
-    FAKE_SYM(live_host_allocations, "fake_cuda_live_host_allocations");
-    FAKE_SYM(live_streams, "fake_cuda_live_streams");
-    FAKE_SYM(live_events, "fake_cuda_live_events");
-    FAKE_SYM(live_modules, "fake_cuda_live_modules");
-    FAKE_SYM(live_pools, "fake_cuda_live_pools");
-    FAKE_SYM(primary_refcount, "fake_cuda_primary_refcount");
-    FAKE_SYM(device_used_bytes, "fake_cuda_device_used_bytes");
-    FAKE_SYM(pool_cached_bytes, "fake_cuda_pool_cached_bytes");
-    FAKE_SYM(reclaimed_allocations, "fake_cuda_reclaimed_allocations");
-    FAKE_SYM(last_misuse, "fake_cuda_last_misuse");
-    FAKE_SYM(set_reclaim_on_release, "fake_cuda_set_reclaim_on_release");
+    FAKE_SYM(misuse_count, "safecuda_testdevice_misuse_count");
+    FAKE_SYM(live_device_allocations, "safecuda_testdevice_live_device_allocations");
+    FAKE_SYM(live_host_allocations, "safecuda_testdevice_live_host_allocations");
+    FAKE_SYM(live_streams, "safecuda_testdevice_live_streams");
+    FAKE_SYM(live_events, "safecuda_testdevice_live_events");
+    FAKE_SYM(live_modules, "safecuda_testdevice_live_modules");
+    FAKE_SYM(live_pools, "safecuda_testdevice_live_pools");
+    FAKE_SYM(primary_refcount, "safecuda_testdevice_primary_refcount");
+    FAKE_SYM(device_used_bytes, "safecuda_testdevice_device_used_bytes");
+    FAKE_SYM(pool_cached_bytes, "safecuda_testdevice_pool_cached_bytes");
+    FAKE_SYM(reclaimed_allocations, "safecuda_testdevice_reclaimed_allocations");
+    FAKE_SYM(last_misuse, "safecuda_testdevice_last_misuse");
+    FAKE_SYM(set_reclaim_on_release, "safecuda_testdevice_set_reclaim_on_release");
 #undef FAKE_SYM
     dlclose(h); /* drops only the reference taken here: safecuda's keeps it loaded */
 }

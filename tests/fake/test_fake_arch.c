@@ -1,5 +1,5 @@
 /* What safecuda refuses on a device older than sm_90, against the fake driver reporting
- * another compute capability (SAFECUDA_FAKE_CC, argv[1] says which):
+ * another compute capability (SAFECUDA_TESTDEVICE_CC, argv[1] says which):
  *   80: tensor maps are SC_ERR_NOT_SUPPORTED; a programmatic launch falls back to a plain
  *       one; the MoE layer's SM90 backend is SC_ERR_NOT_SUPPORTED;
  *   75: the MoE layer (bf16 tensor cores) is SC_ERR_NOT_SUPPORTED whatever the backend.
@@ -25,7 +25,7 @@ int main(int argc, char **argv)
     REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
     sc_device_props props;
     REQUIRE(sc_device_info(0, &props) == SC_OK);
-    REQUIRE(props.cc_major * 10 + props.cc_minor == cc); /* SAFECUDA_FAKE_CC reached the fake */
+    REQUIRE(props.cc_major * 10 + props.cc_minor == cc); /* SAFECUDA_TESTDEVICE_CC got there */
 
     sc_buffer r, w13, w2, a;
     REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = 8 * 64}, &r) == SC_OK);

@@ -1,4 +1,4 @@
-/* The real library against the fake driver (tests/fake/fake_libcuda.c): buffers, views,
+/* The real library against the test device (testdevice/testdevice.c): buffers, views,
  * host buffers, copies (the fake's "device" memory is host memory, so data round trips
  * are checked byte for byte), fills, streams, events, cross-stream ordering, accounting,
  * leak reports, stale handles, launch argument checks against a hand-written PTX
@@ -55,11 +55,11 @@ static void test_device(void)
     CHECK(n == 1);
     char path[1024];
     CHECK_OK(sc_driver_path(path, sizeof path));
-    CHECK(strstr(path, "libcuda_fake") != NULL);
+    CHECK(strstr(path, "libsafecuda_testdevice.so") != NULL);
 
     sc_device_props p;
     CHECK_OK(sc_device_info(0, &p));
-    CHECK(strcmp(p.name, "safecuda fake device (host memory)") == 0);
+    CHECK(strcmp(p.name, "safecuda test device (host memory, runs no kernels)") == 0);
     CHECK(p.cc_major == 9 && p.cc_minor == 0);
     CHECK(p.sm_count == 132);
     CHECK(p.total_memory == 4096ull << 20);

@@ -51,17 +51,17 @@ int main(void)
     CUresult (*init)(unsigned) = NULL;
     *(void **)&init = sym(h, "cuInit");
     *(void **)&get_proc = sym(h, "cuGetProcAddress_v2");
-    *(void **)&misuse = sym(h, "fake_cuda_misuse_count");
+    *(void **)&misuse = sym(h, "safecuda_testdevice_misuse_count");
     sym(h, "cuDriverGetVersion");
     sym(h, "cuGetErrorName");
     sym(h, "cuGetErrorString");
-    const char *counters[] = {"fake_cuda_live_device_allocations",
-                              "fake_cuda_live_host_allocations", "fake_cuda_live_streams",
-                              "fake_cuda_live_events", "fake_cuda_live_modules"};
+    const char *counters[] = {"safecuda_testdevice_live_device_allocations",
+                              "safecuda_testdevice_live_host_allocations", "safecuda_testdevice_live_streams",
+                              "safecuda_testdevice_live_events", "safecuda_testdevice_live_modules"};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         sym(h, counters[i]);
     long (*live_device)(void) = NULL;
-    *(void **)&live_device = sym(h, "fake_cuda_live_device_allocations");
+    *(void **)&live_device = sym(h, "safecuda_testdevice_live_device_allocations");
 
     /* Every row resolves, by its exact name; anything else is "symbol not found". */
     int status = -1;
@@ -87,28 +87,16 @@ int main(void)
     CHECK(get_proc("cuMemAllocFromPoolAsync", &fn, 11000, 0, &status) != CUDA_SUCCESS);
     CHECK(fn == NULL && status == 2);
 
-    /* Error names and strings for every code safecuda knows. */
-    const CUresult codes[] = {
-        CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-        CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_STUB_LIBRARY,
-        CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, CUDA_ERROR_DEVICE_UNAVAILABLE,
-        CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_IMAGE,
-        CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_ECC_UNCORRECTABLE,
-        CUDA_ERROR_INVALID_PTX, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_ERROR_CONTAINED,
-        CUDA_ERROR_INVALID_SOURCE, CUDA_ERROR_FILE_NOT_FOUND, CUDA_ERROR_INVALID_HANDLE,
-        CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_ERROR_ILLEGAL_ADDRESS,
-        CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_LAUNCH_TIMEOUT,
-        CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_ASSERT, CUDA_ERROR_HARDWARE_STACK_ERROR,
-        CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_MISALIGNED_ADDRESS,
-        CUDA_ERROR_INVALID_ADDRESS_SPACE, CUDA_ERROR_INVALID_PC, CUDA_ERROR_LAUNCH_FAILED,
-        CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, CUDA_ERROR_NOT_PERMITTED,
-        CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, CUDA_ERROR_UNKNOWN};
-    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
-        const char *name = NULL, *text = NULL;
-        CHECK(cu.cuGetErrorName(codes[i], &name) == CUDA_SUCCESS && name &&
-              strncmp(name, "CUDA_", 5) == 0);
-        CHECK(cu.cuGetErrorString(codes[i], &text) == CUDA_SUCCESS && text && text[0]);
+    /* Error names and strings for every code safecuda knows (the shared list). */
+#define ERROR_ROW(code, value, text)                                                      \
+    {                                                                                     \
+        const char *name = NULL, *str = NULL;                                             \
+        CHECK(cu.cuGetErrorName(code, &name) == CUDA_SUCCESS && name &&                   \
+              strcmp(name, #code) == 0);                                                  \
+        CHECK(cu.cuGetErrorString(code, &str) == CUDA_SUCCESS && str && str[0]);          \
     }
+    SCI_CU_ERRORS(ERROR_ROW)
+#undef ERROR_ROW
     const char *none = "x";
     CHECK(cu.cuGetErrorName((CUresult)12345, &none) == CUDA_ERROR_INVALID_VALUE && !none);
 
@@ -160,7 +148,7 @@ int main(void)
     CHECK(live_device() == 0);
     size_t free_b = 0, total_b = 0;
     EXPECT(cu.cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS, 0);
-    CHECK(total_b == 64ull << 20 && free_b == total_b); /* SAFECUDA_FAKE_TOTAL_MB=64 */
+    CHECK(total_b == 64ull << 20 && free_b == total_b); /* SAFECUDA_TESTDEVICE_MEMORY_MB=64 */
     EXPECT(cu.cuMemAlloc(&p, 65ull << 20), CUDA_ERROR_OUT_OF_MEMORY, 0);
 
     /* Pinned host memory and pointer attributes. */

@@ -38,7 +38,7 @@ int main(void)
     fake_counts start = fake_counts_now();
     uint64_t total = 0, free_b = 0;
     REQUIRE(sc_device_memory(0, &free_b, &total) == SC_OK);
-    REQUIRE(total == 64 * MiB); /* SAFECUDA_FAKE_TOTAL_MB=64 */
+    REQUIRE(total == 64 * MiB); /* SAFECUDA_TESTDEVICE_MEMORY_MB=64 */
     sc_context ctx;
     REQUIRE(sc_context_create(NULL, &ctx) == SC_OK);
     sc_buffer keep;

@@ -27,7 +27,7 @@
  *     stays allocated in the fake (the destroy reports it; the handle is gone);
  *   - after a sticky error the lost context's device memory is not freed call by call:
  *     the library leaves it to the primary context's last release, which (as in CUDA)
- *     frees it. The fake does that only in sticky runs (fake_cuda_set_reclaim_on_release)
+ *     frees it. The fake does that only in sticky runs (safecuda_testdevice_set_reclaim_on_release)
  *     and counts what it reclaimed.
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */

@@ -1,4 +1,5 @@
-/* libFuzzer target: random sequences of safecuda calls against the fake driver.
+/* libFuzzer target: random sequences of safecuda calls against the test device
+ * (testdevice/testdevice.c, "the fake" below).
  *
  * Each input is a little program: up to FUZZ_MAX_OPS operations read from the bytes (an
  * opcode, then its operands), over handles that may be live, destroyed (stale), of another
@@ -9,13 +10,13 @@
  *   - a failure left a message that starts with "sc_" (SC_ERR_NOT_READY excepted: it is an
  *     answer, with no message);
  *   - the fake driver saw no misuse: the library never handed it an out-of-range pointer
- *     or a dead handle (SAFECUDA_FAKE_ABORT_ON_MISUSE=1 aborts at the driver call);
+ *     or a dead handle (SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE=1 aborts at the driver call);
  *   - the accounting is exact: bytes_in_use, live_buffers and pinned_bytes equal what the
  *     fuzzer knows is alive, and the fake holds exactly one allocation per live buffer.
  * At the end of each input everything is destroyed and the fake's counters are back to
  * their baseline. One context (and one module) lives for the whole run.
  *
- * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
+ * The test device runs no kernels: nothing here says anything about a GPU. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,8 +29,8 @@
 #include "fake_ptx.h"
 #include "safecuda.h"
 
-#ifndef FAKE_LIBCUDA_PATH
-#error "build with -DFAKE_LIBCUDA_PATH=\"/path/to/libcuda_fake.so\""
+#ifndef TESTDEVICE_PATH
+#error "build with -DTESTDEVICE_PATH=\"/path/to/libsafecuda_testdevice.so\""
 #endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -266,11 +267,12 @@ static void check_accounting(void)
 
 static void setup(void)
 {
-    setenv("SAFECUDA_LIBCUDA", FAKE_LIBCUDA_PATH, 1);
-    setenv("SAFECUDA_FAKE_TOTAL_MB", "64", 0);
-    setenv("SAFECUDA_FAKE_HOST_MB", "64", 0);
-    setenv("SAFECUDA_FAKE_ABORT_ON_MISUSE", "1", 0);
+    setenv("SAFECUDA_LIBCUDA", TESTDEVICE_PATH, 1);
+    setenv("SAFECUDA_TESTDEVICE_MEMORY_MB", "64", 0);
+    setenv("SAFECUDA_TESTDEVICE_PINNED_MB", "64", 0);
+    setenv("SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE", "1", 0);
     setenv("SAFECUDA_CACHE", "0", 0);
+    setenv("SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES", "1", 1); /* for bookkeeping tests only */
     fake_attach();
     sc_set_log_callback(NULL, NULL);
     if (sc_context_create(NULL, &ctx) != SC_OK ||

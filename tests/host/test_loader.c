@@ -1,6 +1,29 @@
 /* Loading libcuda and NVRTC: each mode runs in its own process (loading happens once),
  * with the environment CTest sets for it. */
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <limits.h>
+#include <stdlib.h>
+
 #include "../test.h"
+
+/* SAFECUDA_DEVICE=test found the test device at `want` (compared as real paths). */
+static void found_test_device(const char *want)
+{
+    CHECK_OK(sc_init());
+    char path[1024] = "", a[PATH_MAX], b[PATH_MAX];
+    CHECK_OK(sc_driver_path(path, sizeof path));
+    CHECK(strstr(path, "libsafecuda_testdevice.so") != NULL);
+    if (!realpath(path, a) || !realpath(want, b) || strcmp(a, b) != 0) {
+        fprintf(stderr, "loaded %s, expected %s\n", path, want);
+        test_failures++;
+    }
+    sc_device_props p;
+    CHECK_OK(sc_device_info(0, &p));
+    CHECK(strcmp(p.name, "safecuda test device (host memory, runs no kernels)") == 0);
+    int n = 0;
+    CHECK_OK(sc_device_count(&n));
+    CHECK(n == 1);
+}
 
 static void no_driver_everywhere(const char *needle)
 {
@@ -63,6 +86,28 @@ int main(int argc, char **argv)
             CHECK(s == SC_ERR_NO_DRIVER);
             CHECK_MSG("libcuda.so.1");
         }
+    } else if (strcmp(mode, "device-test") == 0) {
+        /* SAFECUDA_DEVICE=test: the test device where argv[2] says it must be found. */
+        REQUIRE(argc > 2);
+        found_test_device(argv[2]);
+    } else if (strcmp(mode, "device-test-override") == 0) {
+        /* SAFECUDA_LIBCUDA names the file, also for the test device. */
+        CHECK_STATUS(sc_init(), SC_ERR_NO_DRIVER);
+        CHECK_MSG("sc_init: cannot load the safecuda test device from SAFECUDA_LIBCUDA=");
+        CHECK_MSG(getenv("SAFECUDA_LIBCUDA"));
+        CHECK_MSG("libsafecuda_testdevice.so");
+    } else if (strcmp(mode, "device-unknown") == 0) {
+        for (int i = 0; i < 2; i++) {
+            CHECK_STATUS(sc_init(), SC_ERR_INVALID_ARGUMENT);
+            CHECK_MSG("sc_init: SAFECUDA_DEVICE=gpu is not a device safecuda knows");
+            CHECK_MSG("SAFECUDA_DEVICE=test");
+        }
+        int n = 3;
+        CHECK_STATUS(sc_device_count(&n), SC_ERR_INVALID_ARGUMENT);
+        CHECK_MSG("sc_device_count: SAFECUDA_DEVICE=gpu");
+        sc_context ctx;
+        CHECK_STATUS(sc_context_create(NULL, &ctx), SC_ERR_INVALID_ARGUMENT);
+        CHECK_MSG("sc_context_create: SAFECUDA_DEVICE=gpu");
     } else if (strcmp(mode, "nvrtc-missing") == 0) {
         int major, minor;
         CHECK_STATUS(sc_compiler_version(&major, &minor), SC_ERR_NO_COMPILER);
@@ -72,7 +117,14 @@ int main(int argc, char **argv)
         int major = 0, minor = 0;
         sc_status s = sc_compiler_version(&major, &minor);
         if (s == SC_ERR_NO_COMPILER) {
-            CHECK_MSG("tried libnvrtc.so.13");
+            /* The override is honoured strictly; without it, the usual names are tried. */
+            const char *override = getenv("SAFECUDA_NVRTC");
+            if (override && override[0]) {
+                CHECK_MSG("cannot load NVRTC from SAFECUDA_NVRTC=");
+                CHECK_MSG(override);
+            } else {
+                CHECK_MSG("tried libnvrtc.so.13");
+            }
             printf("skipped: %s\n", sc_last_error());
             return test_failures ? 1 : TEST_SKIP;
         }

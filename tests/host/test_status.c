@@ -3,6 +3,7 @@
 
 #include "../test.h"
 #include "core/error.h"
+#include "driver/driver.h"
 
 static void *other_thread(void *arg)
 {
@@ -52,6 +53,35 @@ int main(void)
     CHECK(sci_status_from_cu(CUDA_SUCCESS) == SC_OK);
     CHECK(sci_status_from_cu(CUDA_ERROR_LAUNCH_FAILED) == SC_ERR_CONTEXT_LOST);
     CHECK(sci_status_from_cu(CUDA_ERROR_NOT_READY) == SC_ERR_NOT_READY);
+    CHECK(sci_status_from_cu(CUDA_ERROR_NOT_SUPPORTED) == SC_ERR_NOT_SUPPORTED);
+
+    /* The built-in table knows every sticky error by name (a lost context's message
+     * must say which), with CUDA's own text. */
+    const CUresult sticky[] = {CUDA_ERROR_ILLEGAL_ADDRESS,      CUDA_ERROR_LAUNCH_TIMEOUT,
+                               CUDA_ERROR_ASSERT,               CUDA_ERROR_HARDWARE_STACK_ERROR,
+                               CUDA_ERROR_ILLEGAL_INSTRUCTION,  CUDA_ERROR_MISALIGNED_ADDRESS,
+                               CUDA_ERROR_INVALID_ADDRESS_SPACE, CUDA_ERROR_INVALID_PC,
+                               CUDA_ERROR_LAUNCH_FAILED,        CUDA_ERROR_ECC_UNCORRECTABLE,
+                               CUDA_ERROR_CONTAINED};
+    for (size_t i = 0; i < sizeof sticky / sizeof sticky[0]; i++) {
+        CHECK(sci_cu_error_is_sticky(sticky[i]));
+        if (strcmp(sci_cu_error_name(sticky[i]), "CUDA_ERROR_UNRECOGNIZED") == 0) {
+            fprintf(stderr, "error code %d is sticky but has no built-in name\n",
+                    (int)sticky[i]);
+            test_failures++;
+        }
+    }
+    CHECK(strcmp(sci_cu_error_name(CUDA_ERROR_CONTAINED), "CUDA_ERROR_CONTAINED") == 0);
+    CHECK(strcmp(sci_cu_error_string(CUDA_ERROR_HARDWARE_STACK_ERROR), "hardware stack error") ==
+          0);
+    CHECK(strcmp(sci_cu_error_string(CUDA_ERROR_ECC_UNCORRECTABLE),
+                 "uncorrectable ECC error encountered") == 0);
+    /* ... and every code of the shared list (src/driver/cu_errors.h), by its own name. */
+#define CHECK_ERROR_ROW(name, value, text)                                                \
+    CHECK((int)name == (value) && strcmp(sci_cu_error_name(name), #name) == 0 &&          \
+          strcmp(sci_cu_error_string(name), text) == 0 && ((const char *)text)[0]);
+    SCI_CU_ERRORS(CHECK_ERROR_ROW)
+#undef CHECK_ERROR_ROW
 
     /* Long messages are truncated, never overflow. */
     char big[40000];

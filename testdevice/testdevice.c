@@ -1,19 +1,24 @@
-/* FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY — it never runs kernels and never stands
- * in for a GPU in any claim.
+/* The safecuda test device: a stand-in for the CUDA driver (libcuda) for tests on machines
+ * without a GPU. It is not a GPU and not an emulator: device memory is host memory, and
+ * kernels never run. It exists so that a program's own tests (and safecuda's) can exercise
+ * everything around the kernels -- allocation, copies, fills, streams, events, budgets,
+ * leak reports, module loads, every argument check -- where there is no GPU.
  *
- * libcuda_fake.so implements the CUDA driver entry points safecuda resolves (every row of
- * SCI_CU_FUNCS in src/driver/cuda_api.h) on host memory, so the real library can be run
- * on a machine without a GPU to test its bookkeeping: handles, accounting, leak reports,
- * argument checks, behaviour under injected driver faults. Load it with
+ * libsafecuda_testdevice.so implements the CUDA driver entry points safecuda resolves
+ * (every row of SCI_CU_FUNCS in src/driver/cuda_api.h) on host memory. It is installed
+ * beside libsafecuda; select it with
  *
- *     SAFECUDA_LIBCUDA=/path/to/libcuda_fake.so
+ *     SAFECUDA_DEVICE=test                 (found beside libsafecuda, in the install
+ *                                           folder, or through the dynamic linker)
+ *     SAFECUDA_LIBCUDA=/path/to/libsafecuda_testdevice.so
  *
  * What it models:
- *   - one device, "safecuda fake device (host memory)", with sm_90 (H100-like) attributes;
- *     SAFECUDA_FAKE_TOTAL_MB (default 4096) sets its memory, SAFECUDA_FAKE_HOST_MB
- *     (default 1024) caps pinned host memory, SAFECUDA_FAKE_DEVICES=0 makes cuInit answer
- *     CUDA_ERROR_NO_DEVICE; SAFECUDA_FAKE_CC=80 (for example) reports another compute
- *     capability (the other attributes stay the H100's);
+ *   - one device, "safecuda test device (host memory, runs no kernels)", with sm_90
+ *     (H100-like) attributes; SAFECUDA_TESTDEVICE_MEMORY_MB (default 4096) sets its memory,
+ *     SAFECUDA_TESTDEVICE_PINNED_MB (default 1024) caps pinned host memory,
+ *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE;
+ *     SAFECUDA_TESTDEVICE_CC=80 (for example) reports another compute capability (the other
+ *     attributes stay the H100's);
  *   - the primary context with a reference count (a release to 0 frees nothing by itself,
  *     it is only counted), a thread-local current context;
  *   - memory pools with a release threshold, cached (freed, not yet released) bytes,
@@ -25,16 +30,22 @@
  *     CUDA_ERROR_OUT_OF_MEMORY;
  *   - streams are synchronous: every copy, memset and host function runs at once;
  *   - modules from PTX text only: `.entry NAME(` blocks and their `.param` lines give each
- *     kernel's parameter offsets and sizes; cuLaunchKernel validates and does nothing.
+ *     kernel's parameter offsets and sizes (so the library's launch checks work);
+ *   - launches (cuLaunchKernel, cuLaunchKernelEx) are validated, then REFUSED with
+ *     CUDA_ERROR_NOT_SUPPORTED, whose text here says that kernels do not run on the test
+ *     device: a launch never pretends to have run. safecuda's own bookkeeping tests, which
+ *     count what a launch records, set SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 to have
+ *     validated launches answer CUDA_SUCCESS without running anything; it exists for them.
  *
  * Every call validates its arguments the way a careful driver would. A call that hands
- * the fake something no correct caller would (a device range outside every live
+ * the test device something no correct caller would (a device range outside every live
  * allocation, an unknown or destroyed handle, a free of an unknown pointer, a launch
  * without its parameters, ...) answers an error AND increments a misuse counter that
- * the tests read (fake_cuda_misuse_count); SAFECUDA_FAKE_ABORT_ON_MISUSE=1 aborts there
- * instead, for a stack trace. Errors a correct caller may legitimately get (a parameter
- * index past the last one, a kernel name that is not in the module, the memory type of a
- * pageable pointer, a non-PTX image) are not misuse.
+ * safecuda's tests read (safecuda_testdevice_misuse_count);
+ * SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE=1 aborts there instead, for a stack trace. Errors a
+ * correct caller may legitimately get (a parameter index past the last one, a kernel name
+ * that is not in the module, the memory type of a pageable pointer, a non-PTX image) are
+ * not misuse.
  *
  * Thread-safe: one mutex guards all state; host functions run outside it. */
 #define _POSIX_C_SOURCE 200809L
@@ -59,7 +70,9 @@ static int n_devices = 1;
 static uint64_t total_bytes = 4096ull << 20;
 static uint64_t host_limit = 1024ull << 20;
 static int abort_on_misuse;
-static int compute_capability = 90; /* SAFECUDA_FAKE_CC, e.g. 80 */
+static int compute_capability = 90; /* SAFECUDA_TESTDEVICE_CC, e.g. 80 */
+static int accept_launches;         /* SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 */
+static long refused_launches;
 
 static long misuse;
 static char last_misuse[512];
@@ -185,7 +198,7 @@ __attribute__((format(printf, 3, 4))) static CUresult bad(CUresult err, const ch
     if (n > 0 && (size_t)n < sizeof last_misuse)
         vsnprintf(last_misuse + n, sizeof last_misuse - (size_t)n, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "fake libcuda: MISUSE #%ld: %s\n", misuse, last_misuse);
+    fprintf(stderr, "safecuda test device: MISUSE #%ld: %s\n", misuse, last_misuse);
     if (abort_on_misuse)
         abort();
     return err;
@@ -321,14 +334,16 @@ EXPORT CUresult cuInit(unsigned flags)
     if (flags != 0) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!initialized) {
-        total_bytes = env_mb("SAFECUDA_FAKE_TOTAL_MB", 4096ull << 20);
-        host_limit = env_mb("SAFECUDA_FAKE_HOST_MB", 1024ull << 20);
-        const char *d = getenv("SAFECUDA_FAKE_DEVICES");
+        total_bytes = env_mb("SAFECUDA_TESTDEVICE_MEMORY_MB", 4096ull << 20);
+        host_limit = env_mb("SAFECUDA_TESTDEVICE_PINNED_MB", 1024ull << 20);
+        const char *d = getenv("SAFECUDA_TESTDEVICE_DEVICES");
         n_devices = d && strcmp(d, "0") == 0 ? 0 : 1;
-        const char *cc = getenv("SAFECUDA_FAKE_CC");
+        const char *cc = getenv("SAFECUDA_TESTDEVICE_CC");
         compute_capability = cc && atoi(cc) >= 50 && atoi(cc) <= 120 ? atoi(cc) : 90;
-        const char *a = getenv("SAFECUDA_FAKE_ABORT_ON_MISUSE");
+        const char *a = getenv("SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE");
         abort_on_misuse = a && a[0] == '1';
+        const char *l = getenv("SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES");
+        accept_launches = l && strcmp(l, "1") == 0;
         initialized = 1;
     }
     if (r == CUDA_SUCCESS && n_devices == 0)
@@ -351,68 +366,29 @@ static CUresult f_cuDriverGetVersion(int *v)
     return CUDA_SUCCESS;
 }
 
+/* The names and texts of src/driver/cu_errors.h, the list the library's built-in table is
+ * made from too. */
+#define ERROR_ROW(name, value, text) {name, #name, text},
 static const struct {
     CUresult code;
     const char *name, *text;
-} errors[] = {
-    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
-    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
-    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
-    {CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER",
-     "API call requires a newer CUDA driver"},
-    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE",
-     "CUDA-capable device(s) is/are busy or unavailable"},
-    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
-    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
-     "no kernel image is available for execution on the device"},
-    {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE",
-     "uncorrectable ECC error encountered"},
-    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
-    {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-     "the provided PTX was compiled with an unsupported toolchain."},
-    {CUDA_ERROR_CONTAINED, "CUDA_ERROR_CONTAINED", "container error"},
-    {CUDA_ERROR_INVALID_SOURCE, "CUDA_ERROR_INVALID_SOURCE", "device kernel source is invalid"},
-    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
-    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
-    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
-     "an illegal memory access was encountered"},
-    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-     "too many resources requested for launch"},
-    {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT",
-     "the launch timed out and was terminated"},
-    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-     "context is destroyed"},
-    {CUDA_ERROR_ASSERT, "CUDA_ERROR_ASSERT", "device-side assert triggered"},
-    {CUDA_ERROR_HARDWARE_STACK_ERROR, "CUDA_ERROR_HARDWARE_STACK_ERROR",
-     "hardware stack error"},
-    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-     "an illegal instruction was encountered"},
-    {CUDA_ERROR_MISALIGNED_ADDRESS, "CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"},
-    {CUDA_ERROR_INVALID_ADDRESS_SPACE, "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-     "operation not supported on global/shared address space"},
-    {CUDA_ERROR_INVALID_PC, "CUDA_ERROR_INVALID_PC", "invalid program counter"},
-    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
-    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
-     "too many blocks in cooperative launch"},
-    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
-    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-    {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-     "system has unsupported display driver / cuda driver combination"},
-    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
-};
+} errors[] = {SCI_CU_ERRORS(ERROR_ROW)};
+#undef ERROR_ROW
+
+/* The only call that answers CUDA_ERROR_NOT_SUPPORTED here is a launch: its text says why,
+ * and the library quotes it in its message. */
+#define LAUNCH_REFUSED_TEXT                                                                  \
+    "operation not supported: kernels do not run on the safecuda test device (device "       \
+    "memory is host memory; run the kernels on a GPU)"
 
 static CUresult error_text(CUresult e, const char **s, int which)
 {
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
+    if (e == CUDA_ERROR_NOT_SUPPORTED && which) {
+        *s = LAUNCH_REFUSED_TEXT;
+        return CUDA_SUCCESS;
+    }
     for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
         if (errors[i].code == e) {
             *s = which ? errors[i].text : errors[i].name;
@@ -432,7 +408,7 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return f_cuGetErr
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
-#define FAKE_DEVICE_NAME "safecuda fake device (host memory)"
+#define FAKE_DEVICE_NAME "safecuda test device (host memory, runs no kernels)"
 
 static CUresult device_ok(CUdevice d, const char *fn)
 {
@@ -567,7 +543,7 @@ static CUresult f_cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
         if (ok)
             *v = value;
         else
-            r = CUDA_ERROR_INVALID_VALUE; /* an attribute the fake does not know */
+            r = CUDA_ERROR_INVALID_VALUE; /* an attribute the test device does not know */
     }
     pthread_mutex_unlock(&lock);
     return r;
@@ -1484,7 +1460,7 @@ static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
     }
     if (!v || !strstr(text, ".target")) {
         if (log)
-            snprintf(log, log_size, "fake libcuda: not PTX (no .version / .target directive)");
+            snprintf(log, log_size, "safecuda test device: not PTX (no .version / .target directive)");
         free(m);
         return NULL;
     }
@@ -1508,7 +1484,7 @@ static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
             if (grown)
                 m->funcs = grown;
             if (log)
-                snprintf(log, log_size, "fake libcuda: bad .entry name");
+                snprintf(log, log_size, "safecuda test device: bad .entry name");
             free_module(m);
             return NULL;
         }
@@ -1527,7 +1503,7 @@ static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
             p = parse_params(after, end, f, &ok);
             if (!ok) {
                 if (log)
-                    snprintf(log, log_size, "fake libcuda: bad parameter list of .entry %s",
+                    snprintf(log, log_size, "safecuda test device: bad parameter list of .entry %s",
                              f->name);
                 free_module(m);
                 return NULL;
@@ -1626,7 +1602,7 @@ static CUresult f_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n,
     const unsigned char *b = image;
     if ((b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F') ||
         (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba)) {
-        jit_log(n, opts, vals, "fake libcuda: cubin and fatbin images can't be loaded (PTX only)");
+        jit_log(n, opts, vals, "safecuda test device: cubin and fatbin images can't be loaded (PTX only)");
         return CUDA_ERROR_INVALID_IMAGE;
     }
     char log[256] = "";
@@ -1822,7 +1798,7 @@ static CUresult f_cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t
 /* A tensor map: validated as the real driver documents it (rank 1..5, 16-byte aligned
  * address and strides, box sides 1..256 with 16-byte box rows, the swizzle span), and the
  * described array must lie inside one live device allocation. The 128 bytes hold the
- * address, rank and dimensions (nothing reads them: the fake runs no kernels). */
+ * address, rank and dimensions (nothing reads them: the test device runs no kernels). */
 static CUresult f_cuTensorMapEncodeTiled(CUtensorMap *map, int dtype, cuuint32_t rank,
                                          void *address, const cuuint64_t *dims,
                                          const cuuint64_t *strides, const cuuint32_t *box,
@@ -1975,12 +1951,18 @@ static CUresult f_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigne
                     r = bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: params[%d] is NULL",
                             fu->name, i);
     }
+    /* A valid launch: nothing runs (this is not a GPU), so it is refused, unless safecuda's
+     * own bookkeeping tests asked for launches to be accepted without running. */
+    if (r == CUDA_SUCCESS && !accept_launches) {
+        refused_launches++;
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    }
     pthread_mutex_unlock(&lock);
-    return r; /* nothing runs: this is not a GPU */
+    return r;
 }
 
 /* The extensible launch: the configuration validated, then the launch as cuLaunchKernel
- * (the fake runs nothing, so a programmatic dependency changes nothing here). */
+ * (refused, or accepted without running: a programmatic dependency changes nothing). */
 static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
                                    void **extra)
 {
@@ -1999,7 +1981,7 @@ static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void *
     }
     for (unsigned i = 0; i < c->numAttrs; i++)
         if (c->attrs[i].id != CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows no other attribute */
+            return CUDA_ERROR_NOT_SUPPORTED; /* no other attribute is known here */
     return f_cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
                             c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra);
 }
@@ -2039,7 +2021,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     return CUDA_ERROR_NOT_FOUND;
 }
 
-/* ---- for the tests --------------------------------------------------------------------------- */
+/* ---- for safecuda's own tests (counters, not an API) ----------------------------------------- */
 
 #define COUNTER(type, name, expr) \
     EXPORT type name(void)        \
@@ -2050,25 +2032,26 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
         return v_;                \
     }
 
-COUNTER(int, fake_cuda_misuse_count, misuse)
-COUNTER(long, fake_cuda_live_device_allocations, live_device)
-COUNTER(long, fake_cuda_live_host_allocations, live_host)
-COUNTER(long, fake_cuda_live_streams, streams.n)
-COUNTER(long, fake_cuda_live_events, events.n)
-COUNTER(long, fake_cuda_live_modules, modules.n)
-COUNTER(long, fake_cuda_live_pools, pools.n)
-COUNTER(long, fake_cuda_primary_refcount, primary.refcount)
-COUNTER(long, fake_cuda_primary_releases_to_zero, primary_releases_to_zero)
-COUNTER(unsigned long long, fake_cuda_device_used_bytes, device_used)
-COUNTER(unsigned long long, fake_cuda_pool_cached_bytes, cached_total())
-COUNTER(long, fake_cuda_reclaimed_allocations, reclaimed_allocations)
+COUNTER(int, safecuda_testdevice_misuse_count, misuse)
+COUNTER(long, safecuda_testdevice_live_device_allocations, live_device)
+COUNTER(long, safecuda_testdevice_live_host_allocations, live_host)
+COUNTER(long, safecuda_testdevice_live_streams, streams.n)
+COUNTER(long, safecuda_testdevice_live_events, events.n)
+COUNTER(long, safecuda_testdevice_live_modules, modules.n)
+COUNTER(long, safecuda_testdevice_live_pools, pools.n)
+COUNTER(long, safecuda_testdevice_primary_refcount, primary.refcount)
+COUNTER(long, safecuda_testdevice_primary_releases_to_zero, primary_releases_to_zero)
+COUNTER(unsigned long long, safecuda_testdevice_device_used_bytes, device_used)
+COUNTER(unsigned long long, safecuda_testdevice_pool_cached_bytes, cached_total())
+COUNTER(long, safecuda_testdevice_reclaimed_allocations, reclaimed_allocations)
+COUNTER(long, safecuda_testdevice_refused_launches, refused_launches)
 
 /* The last misuse's description ("" if none). */
-EXPORT const char *fake_cuda_last_misuse(void) { return last_misuse; }
+EXPORT const char *safecuda_testdevice_last_misuse(void) { return last_misuse; }
 
 /* Opt in to CUDA's behaviour on the primary context's last release: its device memory
- * is freed (counted by fake_cuda_reclaimed_allocations). Off by default, so leaks show. */
-EXPORT void fake_cuda_set_reclaim_on_release(int on)
+ * is freed (counted by safecuda_testdevice_reclaimed_allocations). Off by default, so leaks show. */
+EXPORT void safecuda_testdevice_set_reclaim_on_release(int on)
 {
     pthread_mutex_lock(&lock);
     reclaim_on_release = on;
