@@ -85,7 +85,9 @@ typedef enum sc_status {
 SC_API const char *sc_status_name(sc_status status);
 
 /* The calling thread's message for its most recent failed call ("" if none yet). The
- * pointer stays valid until the thread's next safecuda call. Successful calls keep it. */
+ * pointer stays valid until the thread's next safecuda call. Successful calls keep it.
+ * A message longer than 16 KiB keeps its start and ends with
+ * "... [message cut: N of M bytes shown]" (M: the whole message's length). */
 SC_API const char *sc_last_error(void);
 
 /* Forget the calling thread's last error message. */
