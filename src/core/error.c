@@ -58,6 +58,8 @@ void sc_clear_error(void)
     whole_length = kept_length = 0;
 }
 
+bool sci_error_was_cut(void) { return kept_length != 0; }
+
 /* Write the marker after as much of the text as fits (at most kept_length bytes, never
  * ending inside a UTF-8 sequence). */
 static void write_marker(void)
