@@ -123,6 +123,11 @@ SC_API sc_status sc_driver_path(char *buf, size_t size);
 /* Load NVRTC and report its version. SC_ERR_NO_COMPILER says what was tried. */
 SC_API sc_status sc_compiler_version(int *major, int *minor);
 
+/* Load NVRTC and write the path of the loaded libnvrtc into buf (cut to size - 1 bytes,
+ * NUL-terminated). SC_ERR_INVALID_ARGUMENT for a NULL buf or a size of 0;
+ * SC_ERR_NO_COMPILER (buf untouched) says what was tried. Needs no driver or device. */
+SC_API sc_status sc_compiler_path(char *buf, size_t size);
+
 /* ======================================================================================
  * Devices
  * ==================================================================================== */
