@@ -7,7 +7,7 @@
  * spellings and forms (sm_90a builds the sm_90a MoE kernels, sm_90 refuses them, compute_90
  * writes PTX), -I/-D/-U in their separate and attached forms, options passed on to NVRTC,
  * -o that cannot be written (exit 1, the reason, no partial file), a compile log too long
- * for the error message. */
+ * for the error message, a target other than the device's (with the fake driver). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <signal.h>
@@ -419,6 +419,21 @@ static void test_unwritable_output(void)
     CHECK(!exists("cut.cubin"));
 }
 
+static void test_with_a_device(void)
+{
+    /* The fake driver (host bookkeeping only, no GPU claim: it reports one sm_90 device and
+     * loads PTX, not cubins). A target other than the device's is built and not loaded:
+     * its image would not load there; the device's own target gets the kernel table. */
+    const char *env = "SAFECUDA_LIBCUDA='" SAFECUDA_FAKE_LIBCUDA "' SAFECUDA_CACHE=0 ";
+    CHECK_RC(runf("%s'%s' compile '%s/k.cu' --arch sm_80 2>&1", env, SAFECUDA_CLI, dir), 0);
+    CHECK_OUT("cubin for sm_80");
+    CHECK_NOT_OUT("loading the module failed");
+    CHECK_NOT_OUT("regs");
+    CHECK_RC(runf("%s'%s' compile '%s/k.cu' --arch compute_90 2>&1", env, SAFECUDA_CLI, dir), 0);
+    CHECK_OUT("PTX for compute_90");
+    CHECK_OUT("regs");
+}
+
 static void test_huge_log(void)
 {
     /* A log far longer than the error message: the message is cut with a marker and says
@@ -461,6 +476,7 @@ int main(void)
         test_include_and_define();
         test_unwritable_output();
         test_huge_log();
+        test_with_a_device();
     }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
