@@ -102,7 +102,7 @@ typedef struct nvrtc_info {
     bool ok;
     int major, minor;
     char path[1024];
-    char error[2048];
+    char error[8192];
 } nvrtc_info;
 
 static void nvrtc_query(nvrtc_info *nv)
