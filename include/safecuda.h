@@ -108,7 +108,9 @@ typedef enum sc_status {
 SC_API const char *sc_status_name(sc_status status);
 
 /* The calling thread's message for its most recent failed call ("" if none yet). The
- * pointer stays valid until the thread's next safecuda call. Successful calls keep it. */
+ * pointer stays valid until the thread's next safecuda call. Successful calls keep it.
+ * A message longer than 16 KiB keeps its start and ends with
+ * "... [message cut: N of M bytes shown]" (M: the whole message's length). */
 SC_API const char *sc_last_error(void);
 
 /* Forget the calling thread's last error message. */
@@ -151,6 +153,11 @@ SC_API sc_status sc_driver_path(char *buf, size_t size);
 /* Load NVRTC and report its version. Needs no driver or GPU. SC_ERR_NO_COMPILER says what
  * was tried and what to install. */
 SC_API sc_status sc_compiler_version(int *major, int *minor);
+
+/* Load NVRTC and write the path of the loaded libnvrtc into buf (cut to size - 1 bytes,
+ * NUL-terminated). SC_ERR_INVALID_ARGUMENT for a NULL buf or a size of 0;
+ * SC_ERR_NO_COMPILER (buf untouched) says what was tried. Needs no driver or device. */
+SC_API sc_status sc_compiler_path(char *buf, size_t size);
 
 /* ======================================================================================
  * Devices
@@ -553,7 +560,9 @@ SC_API sc_status sc_fill(sc_stream stream, sc_view dst, const void *value);
  * truncated entry is detected (checksum, sizes) and recompiled, never loaded; entries are
  * written to a temporary file and renamed, so concurrent processes can't corrupt them.
  * On a compile error the status is SC_ERR_COMPILE and the message starts with the first
- * error's file(line) and quotes the whole NVRTC log.
+ * error's file(line) and quotes the NVRTC log, giving its length. A log too long for the
+ * message (see sc_last_error) is cut there, and goes whole to the log callback
+ * (SC_LOG_ERROR), as the message says.
  * ==================================================================================== */
 
 typedef struct sc_program { uint64_t id; } sc_program;
@@ -576,7 +585,12 @@ typedef struct sc_program_desc {
     int arch;                               /* e.g. 90 for sm_90; 0 = the context's device.
                                                Required when ctx is the zero handle (a
                                                compile-only program, e.g. for tools) */
-    bool arch_specific;                     /* sm_90a etc.: architecture-specific features */
+    bool arch_specific;                     /* sm_90a etc.: architecture-specific features
+                                               (wgmma, setmaxnreg); such an image runs on
+                                               that architecture only, so with a context a
+                                               nonzero arch must be the device's, and an
+                                               arch NVRTC does not know has no PTX fallback:
+                                               both are SC_ERR_NOT_SUPPORTED */
 } sc_program_desc;
 
 SC_API sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc,
@@ -591,6 +605,8 @@ typedef struct sc_program_props {
     uint64_t image_bytes;
     double compile_ms;     /* wall time of the compile (or of the cache load) */
     char cache_path[512];  /* the cache entry ("" when the cache is off) */
+    bool arch_specific;    /* built for the architecture-specific target: sm_90a (or
+                              compute_90a for PTX) rather than sm_90 */
 } sc_program_props;
 
 SC_API sc_status sc_program_info(sc_program program, sc_program_props *props);

@@ -1,10 +1,19 @@
 /* safecuda: the command-line tool.
  *
- *   safecuda info [--json]   driver, compiler and device properties
- *   safecuda compile FILE.cu [--arch sm_90] [--ptx] [-o OUT] [-DNAME[=V] ...]
+ *   safecuda info [--json]   safecuda's version, NVRTC (with or without a driver), the driver
+ *                            and every device's properties
+ *   safecuda compile FILE.cu [--arch TARGET] [--ptx] [-o OUT] [-I DIR] [-D NAME[=V]]
+ *                            [-U NAME] [NVRTC options...]
+ *                            compile as the library does; TARGET is sm_XY, sm_XYa
+ *                            (architecture-specific), compute_XY or compute_XYa (PTX), XY or
+ *                            native; nvcc's spellings of the options work (--arch=sm_90,
+ *                            -arch sm_90, --gpu-architecture, -Idir, --include-path,
+ *                            --define-macro, --output-file); other options go to NVRTC as
+ *                            they are. `safecuda compile --help` says more.
  *   safecuda version
  *
- * Exit status: 0 success, 1 failure, 2 no usable driver or device, 64 bad usage. */
+ * Exit status: 0 success, 1 failure (also output that cannot be written), 2 no usable
+ * driver or device (or no NVRTC for compile), 64 bad usage. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
@@ -23,13 +32,52 @@ static void usage(FILE *f)
             "usage: safecuda <command> [options]\n"
             "\n"
             "commands:\n"
-            "  info [--json]   show the driver, NVRTC and every device's properties\n"
-            "  compile FILE.cu [--arch sm_XY] [--ptx] [-o OUT] [NVRTC options...]\n"
+            "  info [--json]   show NVRTC, the driver and every device's properties\n"
+            "  compile FILE.cu [--arch TARGET] [--ptx] [-o OUT] [-I DIR] [-D NAME[=V]]\n"
+            "                  [NVRTC options...]\n"
             "                  compile with NVRTC as the library does (same options and\n"
             "                  disk cache); print the log and, when a device is present,\n"
             "                  registers and shared memory per kernel\n"
+            "                  (safecuda compile --help shows the options)\n"
             "  version         show safecuda's version\n"
             "  help            show this text\n");
+}
+
+static void compile_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: safecuda compile FILE.cu [options] [NVRTC options...]\n"
+            "\n"
+            "Compiles FILE.cu with NVRTC as the library does (-std=c++17 -default-device, the\n"
+            "same disk cache), prints the log and what was built; with a device and no --arch,\n"
+            "also each kernel's registers and shared memory. #include \"...\" finds files beside\n"
+            "FILE.cu. Options take their value as the next argument or after '='.\n"
+            "\n"
+            "  --arch TARGET, -arch TARGET, --gpu-architecture TARGET\n"
+            "        sm_XY        cubin for sm_XY (e.g. sm_90); XY alone (90) is the same\n"
+            "        sm_XYa       cubin with sm_XY's architecture-specific features (sm_90a:\n"
+            "                     wgmma, setmaxnreg); it runs on that architecture only\n"
+            "        compute_XY, compute_XYa\n"
+            "                     PTX for that virtual architecture\n"
+            "        native       the device here (the default when there is one)\n"
+            "        Without a device, --arch is required.\n"
+            "  --ptx, -ptx        PTX instead of a cubin (compute_XY for sm_XY)\n"
+            "  -o FILE, --output-file FILE\n"
+            "                     write the image to FILE (a cubin, or PTX as text)\n"
+            "  -I DIR, -IDIR, --include-path DIR\n"
+            "                     add DIR to the #include search\n"
+            "  -D NAME[=VALUE], -DNAME[=VALUE], --define-macro NAME[=VALUE]\n"
+            "                     define a macro\n"
+            "  -U NAME, -UNAME, --undefine-macro NAME\n"
+            "                     undefine a macro\n"
+            "  -h, --help         show this text\n"
+            "\n"
+            "Other options starting with '-' go to NVRTC as they are, in NVRTC's form\n"
+            "(-lineinfo, --use_fast_math, -maxrregcount=64, ...).\n"
+            "\n"
+            "exit status: 0 compiled; 1 failed (a compile error, an input that cannot be\n"
+            "read, an output that cannot be written); 2 no NVRTC, or no device and no --arch;\n"
+            "64 bad usage\n");
 }
 
 static void json_string(const char *s)
@@ -49,6 +97,42 @@ static void json_string(const char *s)
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
+/* NVRTC works without a driver or a device: info reports it either way. */
+typedef struct nvrtc_info {
+    bool ok;
+    int major, minor;
+    char path[1024];
+    char error[8192];
+} nvrtc_info;
+
+static void nvrtc_query(nvrtc_info *nv)
+{
+    memset(nv, 0, sizeof *nv);
+    nv->ok = sc_compiler_version(&nv->major, &nv->minor) == SC_OK &&
+             sc_compiler_path(nv->path, sizeof nv->path) == SC_OK;
+    if (!nv->ok)
+        snprintf(nv->error, sizeof nv->error, "%s", sc_last_error());
+}
+
+static void nvrtc_json(const nvrtc_info *nv)
+{
+    if (nv->ok) {
+        printf(",\n  \"nvrtc_version\": \"%d.%d\",\n  \"nvrtc_path\": ", nv->major, nv->minor);
+        json_string(nv->path);
+    } else {
+        printf(",\n  \"nvrtc_version\": null,\n  \"nvrtc_error\": ");
+        json_string(nv->error);
+    }
+}
+
+static void nvrtc_text(const nvrtc_info *nv)
+{
+    if (nv->ok)
+        printf("NVRTC:   %d.%d (%s)\n", nv->major, nv->minor, nv->path);
+    else
+        printf("NVRTC:   not available (%s)\n", nv->error);
+}
+
 static int cmd_info(int argc, char **argv)
 {
     bool json = false;
@@ -60,28 +144,46 @@ static int cmd_info(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
+    nvrtc_info nv;
+    nvrtc_query(&nv);
     int driver = 0, count = 0;
+    char path[1024] = "";
     sc_status s = sc_driver_version(&driver);
-    if (s == SC_OK)
+    const bool have_driver = s == SC_OK;
+    if (have_driver) {
+        sc_driver_path(path, sizeof path);
         s = sc_device_count(&count);
+    }
     if (s != SC_OK) {
+        /* No driver (or no device): say why, and still what NVRTC is. */
+        static char reason[16384];
+        snprintf(reason, sizeof reason, "%s", sc_last_error());
         if (json) {
-            printf("{\"error\": ");
+            printf("{\n  \"safecuda\": ");
+            json_string(sc_version_string());
+            printf(",\n  \"error\": ");
             json_string(sc_status_name(s));
-            printf(", \"message\": ");
-            json_string(sc_last_error());
-            printf("}\n");
+            printf(",\n  \"message\": ");
+            json_string(reason);
+            if (have_driver) {
+                printf(",\n  \"driver_cuda_version\": \"%d.%d\",\n  \"driver_path\": ",
+                       driver / 1000, (driver % 1000) / 10);
+                json_string(path);
+            }
+            nvrtc_json(&nv);
+            printf("\n}\n");
+        } else {
+            printf("safecuda %s\n", sc_version_string());
+            if (have_driver)
+                printf("driver:  CUDA %d.%d (%s)\n", driver / 1000, (driver % 1000) / 10, path);
+            else
+                printf("driver:  not available (the reason follows)\n");
+            nvrtc_text(&nv);
         }
-        fprintf(stderr, "safecuda info: %s\n", sc_last_error());
+        fflush(stdout);
+        fprintf(stderr, "safecuda info: %s\n", reason);
         return s == SC_ERR_NO_DRIVER || s == SC_ERR_NO_DEVICE ? EXIT_NO_GPU : 1;
     }
-    char path[1024] = "";
-    sc_driver_path(path, sizeof path);
-    int nv_major = 0, nv_minor = 0;
-    sc_status nv = sc_compiler_version(&nv_major, &nv_minor);
-    char nv_error[1024] = "";
-    if (nv != SC_OK)
-        snprintf(nv_error, sizeof nv_error, "%s", sc_last_error());
 
     if (json) {
         printf("{\n  \"safecuda\": ");
@@ -89,20 +191,12 @@ static int cmd_info(int argc, char **argv)
         printf(",\n  \"driver_cuda_version\": \"%d.%d\",\n  \"driver_path\": ", driver / 1000,
                (driver % 1000) / 10);
         json_string(path);
-        if (nv == SC_OK)
-            printf(",\n  \"nvrtc_version\": \"%d.%d\"", nv_major, nv_minor);
-        else {
-            printf(",\n  \"nvrtc_version\": null,\n  \"nvrtc_error\": ");
-            json_string(nv_error);
-        }
+        nvrtc_json(&nv);
         printf(",\n  \"devices\": [");
     } else {
         printf("safecuda %s\n", sc_version_string());
         printf("driver:  CUDA %d.%d (%s)\n", driver / 1000, (driver % 1000) / 10, path);
-        if (nv == SC_OK)
-            printf("NVRTC:   %d.%d\n", nv_major, nv_minor);
-        else
-            printf("NVRTC:   not available (%s)\n", nv_error);
+        nvrtc_text(&nv);
         printf("devices: %d\n", count);
     }
 
@@ -202,47 +296,236 @@ static char *read_text(const char *path, const char **why)
     return data;
 }
 
-static int cmd_compile(int argc, char **argv)
+/* --arch's value. */
+typedef struct target {
+    int arch;      /* 90 for sm_90; 0 for native (the device) */
+    bool specific; /* sm_90a */
+    bool ptx;      /* compute_90: PTX */
+} target;
+
+/* sm_XY[a], compute_XY[a], XY[a] or native; XY is two or three digits, 50 or more. */
+static bool parse_target(const char *text, target *t, bool *family)
 {
-    const char *path = NULL, *out = NULL;
-    int arch = 0;
-    bool ptx = false;
-    const char *options[64];
-    int n_options = 0;
+    memset(t, 0, sizeof *t);
+    *family = false;
+    if (strcmp(text, "native") == 0)
+        return true;
+    const char *p = text;
+    if (strncmp(p, "sm_", 3) == 0) {
+        p += 3;
+    } else if (strncmp(p, "compute_", 8) == 0) {
+        p += 8;
+        t->ptx = true;
+    }
+    int digits = 0, value = 0;
+    while (p[digits] >= '0' && p[digits] <= '9' && digits < 4)
+        value = value * 10 + (p[digits++] - '0');
+    if (digits < 2 || digits > 3 || value < 50)
+        return false;
+    p += digits;
+    if (*p == 'a') {
+        t->specific = true;
+        p++;
+    } else if (*p == 'f' && p[1] == '\0') {
+        *family = true;
+        return false;
+    }
+    t->arch = value;
+    return *p == '\0';
+}
+
+/* An option with a value, in nvcc's spellings: "NAME VALUE" and "NAME=VALUE", and when
+ * attached, for the one-letter names, "-XVALUE". 1: argv[*i] is the option (*value and
+ * *name set, *i past a separate value); 0: it is not; -1: the value is missing (said on
+ * stderr). A following argument that starts with '-' is not taken as the value. */
+static int option_value(int argc, char **argv, int *i, const char *const *names, bool attached,
+                        const char *example, const char **value, const char **name)
+{
+    const char *arg = argv[*i];
+    for (; *names; names++) {
+        size_t n = strlen(*names);
+        if (strncmp(arg, *names, n) != 0)
+            continue;
+        const char *v = NULL;
+        if (arg[n] == '\0') {
+            if (*i + 1 < argc && !(argv[*i + 1][0] == '-' && argv[*i + 1][1] != '\0'))
+                v = argv[++*i];
+        } else if (arg[n] == '=') {
+            v = arg + n + 1;
+        } else if (attached && n == 2) {
+            v = arg + n;
+        } else {
+            continue; /* another option that starts alike (-arch vs -architecture...) */
+        }
+        if (!v || !*v) {
+            fprintf(stderr, "safecuda compile: %s needs a value, e.g. %s %s\n", *names, *names,
+                    example);
+            return -1;
+        }
+        *value = v;
+        *name = *names;
+        return 1;
+    }
+    return 0;
+}
+
+/* Write the image to path. On failure say why, remove what was written of a regular file
+ * (a partial image is worse than none) and return false. */
+static bool write_image(const char *path, const void *image, uint64_t bytes)
+{
+    errno = 0;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "safecuda compile: cannot write '%s': %s\n", path, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+    int err = 0;
+    errno = 0;
+    if (fwrite(image, 1, (size_t)bytes, f) != (size_t)bytes)
+        err = errno ? errno : EIO;
+    errno = 0;
+    if (fflush(f) != 0 && !err)
+        err = errno ? errno : EIO;
+    errno = 0;
+    if (fclose(f) != 0 && !err)
+        err = errno ? errno : EIO;
+    if (!err)
+        return true;
+    fprintf(stderr, "safecuda compile: cannot write '%s': %s\n", path, strerror(err));
+    if (regular)
+        remove(path);
+    return false;
+}
+
+typedef struct compile_args {
+    const char *path, *out;
+    const char *arch_text; /* as given, for messages */
+    target t;
+    bool ptx;
+    const char **options; /* for NVRTC, NULL-terminated */
+    int n_options;
+    char **owned; /* options built here ("-I" + DIR), freed at the end */
+    int n_owned;
+} compile_args;
+
+static const char *const arch_names[] = {"--arch", "-arch", "--gpu-architecture",
+                                         "-gpu-architecture", NULL};
+static const char *const out_names[] = {"-o", "--output-file", NULL};
+
+/* Parse compile's arguments into a; EXIT_USAGE (said on stderr), 1 (out of memory), a
+ * negative number for --help, or 0. */
+static int parse_compile(int argc, char **argv, compile_args *a)
+{
+    /* -I/-D/-U in nvcc's spellings, passed on in NVRTC's form. */
+    static const struct {
+        const char *const names[3];
+        const char *nvrtc, *example;
+    } passed[] = {
+        {{"-I", "--include-path", NULL}, "-I", "include"},
+        {{"-D", "--define-macro", NULL}, "-D", "NAME=VALUE"},
+        {{"-U", "--undefine-macro", NULL}, "-U", "NAME"},
+    };
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return -1;
+    int passed_on = -1; /* the last argument passed to NVRTC as it is */
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) {
-            const char *a = argv[++i];
-            if (strncmp(a, "sm_", 3) == 0 || strncmp(a, "compute_", 8) == 0)
-                a = strchr(a, '_') + 1;
-            arch = atoi(a);
-            if (arch < 50) {
-                fprintf(stderr, "safecuda compile: bad --arch '%s' (write sm_90)\n", argv[i]);
+        const char *arg = argv[i], *v = NULL, *name = NULL;
+        int r = option_value(argc, argv, &i, arch_names, false, "sm_90", &v, &name);
+        if (r < 0)
+            return EXIT_USAGE;
+        if (r > 0) {
+            bool family = false;
+            if (a->arch_text) {
+                fprintf(stderr, "safecuda compile: --arch given twice ('%s' and '%s')\n",
+                        a->arch_text, v);
                 return EXIT_USAGE;
             }
-        } else if (strcmp(argv[i], "--ptx") == 0) {
-            ptx = true;
-        } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) {
-            out = argv[++i];
-        } else if (argv[i][0] == '-' && n_options < 62) {
-            options[n_options++] = argv[i];
-        } else if (!path) {
-            path = argv[i];
+            if (!parse_target(v, &a->t, &family)) {
+                if (family) {
+                    size_t n = strlen(v) - 1;
+                    fprintf(stderr,
+                            "safecuda compile: %s '%s': family-specific targets are not "
+                            "supported; write %.*sa (%.*s only) or %.*s\n",
+                            name, v, (int)n, v, (int)n, v, (int)n, v);
+                } else {
+                    fprintf(stderr,
+                            "safecuda compile: bad %s '%s': write sm_XY, sm_XYa, compute_XY, "
+                            "compute_XYa, XY or native (e.g. sm_90, sm_90a, compute_90)\n",
+                            name, v);
+                }
+                return EXIT_USAGE;
+            }
+            a->arch_text = v;
+            continue;
+        }
+        r = option_value(argc, argv, &i, out_names, false, "kernel.cubin", &v, &name);
+        if (r < 0)
+            return EXIT_USAGE;
+        if (r > 0) {
+            if (a->out) {
+                fprintf(stderr, "safecuda compile: -o given twice ('%s' and '%s')\n", a->out, v);
+                return EXIT_USAGE;
+            }
+            a->out = v;
+            continue;
+        }
+        bool done = false;
+        for (size_t k = 0; k < sizeof passed / sizeof passed[0] && !done; k++) {
+            r = option_value(argc, argv, &i, passed[k].names, true, passed[k].example, &v,
+                             &name);
+            if (r < 0)
+                return EXIT_USAGE;
+            if (r > 0) {
+                size_t n = strlen(passed[k].nvrtc) + strlen(v) + 1;
+                char *opt = malloc(n);
+                if (!opt) {
+                    fprintf(stderr, "safecuda compile: out of memory\n");
+                    return 1;
+                }
+                snprintf(opt, n, "%s%s", passed[k].nvrtc, v);
+                a->owned[a->n_owned++] = opt;
+                a->options[a->n_options++] = opt;
+                done = true;
+            }
+        }
+        if (done)
+            continue;
+        if (strcmp(arg, "--ptx") == 0 || strcmp(arg, "-ptx") == 0) {
+            a->ptx = true;
+        } else if (arg[0] == '-') {
+            a->options[a->n_options++] = arg; /* NVRTC's own; its error says if it is not */
+            passed_on = i;
+        } else if (!a->path) {
+            a->path = arg;
         } else {
-            fprintf(stderr, "safecuda compile: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "safecuda compile: more than one input file ('%s' and '%s')%s\n",
+                    a->path, arg,
+                    passed_on == i - 1 ? " (NVRTC options take their values as -option=value)"
+                                       : "");
             return EXIT_USAGE;
         }
     }
-    if (!path) {
-        fprintf(stderr, "safecuda compile: no input file\n");
+    if (!a->path) {
+        fprintf(stderr,
+                "safecuda compile: no input file (safecuda compile --help shows the options)\n");
         return EXIT_USAGE;
     }
+    return 0;
+}
+
+static int compile_file(compile_args *a)
+{
+    const char *path = a->path;
     /* #include "..." finds files beside the source, as with nvcc. */
     char include_dir[1100];
     const char *slash = strrchr(path, '/');
     snprintf(include_dir, sizeof include_dir, "-I%.*s", slash ? (int)(slash - path) : 1,
              slash ? path : ".");
-    options[n_options++] = include_dir;
-    options[n_options] = NULL;
+    a->options[a->n_options++] = include_dir;
+    a->options[a->n_options] = NULL;
     const char *why = NULL;
     char *source = read_text(path, &why);
     if (!source) {
@@ -250,6 +533,7 @@ static int cmd_compile(int argc, char **argv)
         return 1;
     }
     /* With a device (and no --arch), compile for it and report per-kernel resources. */
+    const int arch = a->t.arch;
     sc_context ctx = {0};
     int count = 0;
     bool have_device = sc_device_count(&count) == SC_OK && count > 0 &&
@@ -260,12 +544,19 @@ static int cmd_compile(int argc, char **argv)
         free(source);
         return EXIT_NO_GPU;
     }
-    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    int device_arch = 0;
+    sc_device_props dp;
+    if (have_device && sc_device_info(0, &dp) == SC_OK)
+        device_arch = dp.cc_major * 10 + dp.cc_minor;
+    const char *name = slash ? slash + 1 : path;
     sc_program prog;
     sc_status s = sc_program_create(arch ? (sc_context){0} : ctx,
-                                    &(sc_program_desc){.source = source, .name = name,
-                                                       .options = options, .ptx = ptx,
-                                                       .arch = arch},
+                                    &(sc_program_desc){.source = source,
+                                                       .name = name,
+                                                       .options = a->options,
+                                                       .ptx = a->ptx || a->t.ptx,
+                                                       .arch = arch,
+                                                       .arch_specific = a->t.specific},
                                     &prog);
     free(source);
     if (s != SC_OK) {
@@ -282,27 +573,25 @@ static int cmd_compile(int argc, char **argv)
     if (log && log_size > 1 && sc_program_log(prog, log, log_size, NULL) == SC_OK)
         fprintf(stderr, "%s", log);
     free(log);
-    printf("%s: %s for sm_%d, %llu bytes, %s in %.1f ms\n", path, pp.is_ptx ? "PTX" : "cubin",
-           pp.arch, (unsigned long long)pp.image_bytes,
-           pp.from_cache ? "from the cache" : "compiled", pp.compile_ms);
+    printf("%s: %s for %s_%d%s, %llu bytes, %s in %.1f ms\n", path, pp.is_ptx ? "PTX" : "cubin",
+           pp.is_ptx ? "compute" : "sm", pp.arch, pp.arch_specific ? "a" : "",
+           (unsigned long long)pp.image_bytes, pp.from_cache ? "from the cache" : "compiled",
+           pp.compile_ms);
     int rc = 0;
-    if (out) {
+    if (a->out) {
         const void *image;
         uint64_t bytes;
         sc_program_image(prog, &image, &bytes);
         if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
             bytes--; /* write PTX as text */
-        FILE *f = fopen(out, "wb");
-        if (!f || fwrite(image, 1, bytes, f) != bytes) {
-            fprintf(stderr, "safecuda compile: cannot write '%s'\n", out);
+        if (write_image(a->out, image, bytes))
+            printf("wrote %s\n", a->out);
+        else
             rc = 1;
-        }
-        if (f)
-            fclose(f);
-        if (!rc)
-            printf("wrote %s\n", out);
     }
-    if (have_device) {
+    /* The kernel table: for the device's own architecture only (an image for another one
+     * would not load here). */
+    if (have_device && (arch == 0 || arch == device_arch)) {
         sc_module mod;
         const char *names[256];
         size_t n = 0;
@@ -332,7 +621,31 @@ static int cmd_compile(int argc, char **argv)
     return rc;
 }
 
-int main(int argc, char **argv)
+static int cmd_compile(int argc, char **argv)
+{
+    compile_args a = {0};
+    a.options = calloc((size_t)argc + 2, sizeof *a.options);
+    a.owned = calloc((size_t)argc + 1, sizeof *a.owned);
+    int rc = 1;
+    if (!a.options || !a.owned) {
+        fprintf(stderr, "safecuda compile: out of memory\n");
+    } else {
+        rc = parse_compile(argc, argv, &a);
+        if (rc < 0) {
+            compile_usage(stdout);
+            rc = 0;
+        } else if (rc == 0) {
+            rc = compile_file(&a);
+        }
+    }
+    for (int i = 0; i < a.n_owned; i++)
+        free(a.owned[i]);
+    free(a.owned);
+    free(a.options);
+    return rc;
+}
+
+static int run_command(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -354,4 +667,17 @@ int main(int argc, char **argv)
     fprintf(stderr, "safecuda: unknown command '%s'\n", cmd);
     usage(stderr);
     return EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = run_command(argc, argv);
+    /* What the tool prints is its result: output that could not be written is a failure. */
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "safecuda: cannot write the output: %s\n",
+                errno ? strerror(errno) : "write error");
+        return rc ? rc : 1;
+    }
+    return rc;
 }

@@ -7,6 +7,7 @@
 
 #include "compile/program.h"
 #include "core/library.h"
+#include "core/log.h"
 #include "driver/driver.h"
 
 #define MAX_OPTIONS 64
@@ -16,8 +17,9 @@ static sc_status program_destroy(uint64_t id, const char *fn);
 static void describe_program(const sci_object *obj, sc_object_info *info)
 {
     const sci_program *p = (const sci_program *)obj;
-    snprintf(info->detail, sizeof info->detail, "%s for sm_%d", p->out.is_ptx ? "PTX" : "cubin",
-             p->arch);
+    snprintf(info->detail, sizeof info->detail, "%s for %s_%d%s",
+             p->out.is_ptx ? "PTX" : "cubin", p->out.is_ptx ? "compute" : "sm", p->arch,
+             p->arch_specific ? "a" : "");
     info->bytes = p->out.image_size;
 }
 
@@ -118,10 +120,28 @@ static sc_status compile(sci_program *p, const sc_program_desc *d, const char *n
         sci_nvrtcGetProgramLog(prog, p->log);
     if (cr != NVRTC_SUCCESS) {
         char first[512];
-        first_error(p->log ? p->log : "", first, sizeof first);
-        s = sci_fail(SC_ERR_COMPILE, fn, "'%s' failed to compile for %s: %s%s%s", name,
-                     arch_text, first[0] ? first : sci_nvrtc_error_string(cr),
-                     p->log && p->log[0] ? "\n--- NVRTC log ---\n" : "", p->log ? p->log : "");
+        const char *log = p->log ? p->log : "";
+        const size_t log_len = strlen(log);
+        first_error(log, first, sizeof first);
+        const char *what = first[0] ? first : sci_nvrtc_error_string(cr);
+        s = sci_fail(SC_ERR_COMPILE, fn, "'%s' failed to compile for %s: %s", name, arch_text,
+                     what);
+        if (log_len) {
+            sci_error_append("\n--- NVRTC log (%zu bytes) ---\n%s", log_len, log);
+            if (sci_error_was_cut()) {
+                /* Not lost: the whole log goes through the log callback (first, as the
+                 * callback may set messages of its own), and the message says so. */
+                sci_log(SC_LOG_ERROR,
+                        "%s: the NVRTC log of '%s' for %s (%zu bytes), too long for the error "
+                        "message:\n%s",
+                        fn, name, arch_text, log_len, log);
+                s = sci_fail(SC_ERR_COMPILE, fn, "'%s' failed to compile for %s: %s", name,
+                             arch_text, what);
+                sci_error_append("\n--- NVRTC log (%zu bytes; too long for this message: the "
+                                 "whole log went to the log callback) ---\n%s",
+                                 log_len, log);
+            }
+        }
         goto out;
     }
     size_t size = 0;
@@ -211,6 +231,17 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
         s = sci_context_acquire(ctx, fn, &c);
         if (s != SC_OK)
             return s;
+        /* sm_90a code loads on compute capability 9.0 only. */
+        const int device_arch = c->props.cc_major * 10 + c->props.cc_minor;
+        if (desc->arch_specific && desc->arch && desc->arch != device_arch) {
+            s = sci_fail(SC_ERR_NOT_SUPPORTED, fn,
+                         "desc->arch_specific: sm_%da code runs only on compute capability "
+                         "%d.%d; the context's device %d is %d.%d (sm_%d); a compile-only "
+                         "program (zero context) may target any architecture",
+                         desc->arch, desc->arch / 10, desc->arch % 10, c->device,
+                         c->props.cc_major, c->props.cc_minor, device_arch);
+            goto fail_ctx;
+        }
     }
     if ((s = sci_compiler_ready(fn)) != SC_OK)
         goto fail_ctx;
@@ -220,6 +251,17 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
     if (target == 0) {
         s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "NVRTC (%s) supports no architecture up to sm_%d",
                      sci_nvrtc_library_path(), arch);
+        goto fail_ctx;
+    }
+    /* Architecture-specific code runs on its own architecture only: PTX for an older one
+     * (the fallback below) would not run where it is meant to. */
+    if (desc->arch_specific && target != arch) {
+        int major = 0, minor = 0;
+        sci_nvrtcVersion(&major, &minor);
+        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn,
+                     "desc->arch_specific: sm_%da needs an NVRTC that knows sm_%d; NVRTC %d.%d "
+                     "(%s) knows up to sm_%d",
+                     arch, arch, major, minor, sci_nvrtc_library_path(), target);
         goto fail_ctx;
     }
     /* cubin for the exact architecture when NVRTC knows it; PTX otherwise (JIT-compiled by
@@ -247,6 +289,7 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
     }
     p->ctx = c;
     p->arch = target;
+    p->arch_specific = desc->arch_specific;
 
     /* The cache key: everything that can change the image. */
     int nv_major = 0, nv_minor = 0;
@@ -357,6 +400,7 @@ sc_status sc_program_info(sc_program program, sc_program_props *props)
         return s;
     memset(props, 0, sizeof *props);
     props->arch = p->arch;
+    props->arch_specific = p->arch_specific;
     props->is_ptx = p->out.is_ptx;
     props->from_cache = p->from_cache;
     props->image_bytes = p->out.image_size;

@@ -9,6 +9,7 @@ typedef struct sci_program {
     sci_object obj;
     sci_context *ctx;    /* NULL for compile-only programs */
     int arch;
+    bool arch_specific;  /* built for sm_XYa (compute_XYa) */
     bool from_cache;
     double compile_ms;
     char *log;

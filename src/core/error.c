@@ -45,15 +45,65 @@ const char *sc_status_name(sc_status status)
     return status_names[status];
 }
 
+/* A message longer than the buffer keeps its start and ends with
+ * "... [message cut: N of M bytes shown]": N bytes of the text, M its whole length. */
+static _Thread_local size_t whole_length; /* the message's length, had it not been cut */
+static _Thread_local size_t kept_length;  /* when cut: the bytes kept before the marker; else 0 */
+
 const char *sc_last_error(void) { return message; }
-void sc_clear_error(void) { message[0] = '\0'; }
+
+void sc_clear_error(void)
+{
+    message[0] = '\0';
+    whole_length = kept_length = 0;
+}
+
+bool sci_error_was_cut(void) { return kept_length != 0; }
+
+/* Write the marker after as much of the text as fits (at most kept_length bytes, never
+ * ending inside a UTF-8 sequence). */
+static void write_marker(void)
+{
+    static const char fmt[] = "... [message cut: %zu of %zu bytes shown]";
+    char marker[96];
+    size_t keep = kept_length;
+    int m = snprintf(marker, sizeof marker, fmt, keep, whole_length);
+    if (m < 0)
+        return;
+    if (keep + (size_t)m + 1 > sizeof message)
+        keep = sizeof message - 1 - (size_t)m;
+    while (keep > 0 && ((unsigned char)message[keep] & 0xc0) == 0x80)
+        keep--;
+    /* keep only shrank, so the marker is no longer than measured */
+    m = snprintf(marker, sizeof marker, fmt, keep, whole_length);
+    kept_length = keep;
+    memcpy(message + keep, marker, (size_t)m + 1);
+}
+
+/* n bytes were formatted at message + at (vsnprintf's count: the whole text, also when
+ * it did not fit). */
+static void account(size_t at, int n)
+{
+    if (n < 0)
+        return;
+    whole_length = at + (size_t)n;
+    if (whole_length < sizeof message)
+        return;
+    kept_length = sizeof message - 1;
+    write_marker();
+}
 
 static void vset(const char *fn, const char *fmt, va_list ap)
 {
+    whole_length = kept_length = 0;
     int n = snprintf(message, sizeof message, "%s: ", fn ? fn : "safecuda");
-    if (n < 0 || (size_t)n >= sizeof message)
+    if (n < 0)
         return;
-    vsnprintf(message + n, sizeof message - (size_t)n, fmt, ap);
+    if ((size_t)n >= sizeof message) {
+        account(0, n);
+        return;
+    }
+    account((size_t)n, vsnprintf(message + n, sizeof message - (size_t)n, fmt, ap));
 }
 
 sc_status sci_fail(sc_status status, const char *fn, const char *fmt, ...)
@@ -67,21 +117,31 @@ sc_status sci_fail(sc_status status, const char *fn, const char *fmt, ...)
 
 void sci_error_append(const char *fmt, ...)
 {
-    size_t len = strlen(message);
-    if (len + 1 >= sizeof message)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(message + len, sizeof message - len, fmt, ap);
+    if (kept_length) { /* already cut: the text is not shown, its length is counted */
+        int n = vsnprintf(NULL, 0, fmt, ap);
+        if (n > 0) {
+            whole_length += (size_t)n;
+            write_marker();
+        }
+    } else {
+        size_t len = strlen(message);
+        account(len, vsnprintf(message + len, sizeof message - len, fmt, ap));
+    }
     va_end(ap);
 }
 
+/* The saved copy: the text, its NUL, then the two lengths. */
 char *sci_error_save(void)
 {
     size_t len = strlen(message);
-    char *copy = len ? malloc(len + 1) : NULL;
-    if (copy)
+    char *copy = len ? malloc(len + 1 + 2 * sizeof(size_t)) : NULL;
+    if (copy) {
         memcpy(copy, message, len + 1);
+        memcpy(copy + len + 1, &whole_length, sizeof whole_length);
+        memcpy(copy + len + 1 + sizeof whole_length, &kept_length, sizeof kept_length);
+    }
     return copy;
 }
 
@@ -89,7 +149,10 @@ void sci_error_restore(char *saved)
 {
     if (!saved)
         return;
-    snprintf(message, sizeof message, "%s", saved);
+    size_t len = strlen(saved);
+    memcpy(message, saved, len + 1);
+    memcpy(&whole_length, saved + len + 1, sizeof whole_length);
+    memcpy(&kept_length, saved + len + 1 + sizeof whole_length, sizeof kept_length);
     free(saved);
 }
 

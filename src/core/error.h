@@ -19,6 +19,9 @@ sc_status sci_status_from_cu(CUresult r);
 /* Append to the current message (for multi-part messages such as compile logs). */
 void sci_error_append(const char *fmt, ...) SCI_PRINTF(1, 2);
 
+/* The current message did not fit and ends with the cut marker. */
+bool sci_error_was_cut(void);
+
 /* Keep the thread's current message across calls that may set their own: save returns a
  * copy (NULL if there is none or no memory), restore puts it back and frees it. */
 char *sci_error_save(void);

@@ -65,3 +65,15 @@ sc_status sc_compiler_version(int *major, int *minor)
                         sci_nvrtc_error_string(r));
     return SC_OK;
 }
+
+sc_status sc_compiler_path(char *buf, size_t size)
+{
+    SCI_CHECK_PTR("sc_compiler_path", buf);
+    if (size == 0)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, "sc_compiler_path", "size is 0");
+    sc_status s = sci_compiler_ready("sc_compiler_path");
+    if (s != SC_OK)
+        return s;
+    snprintf(buf, size, "%s", sci_nvrtc_library_path());
+    return SC_OK;
+}

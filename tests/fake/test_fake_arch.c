@@ -3,7 +3,8 @@
  *   80: tensor maps are SC_ERR_NOT_SUPPORTED; a programmatic launch falls back to a plain
  *       one; the MoE layer's SM90 backend is SC_ERR_NOT_SUPPORTED;
  *   75: the MoE layer (bf16 tensor cores) is SC_ERR_NOT_SUPPORTED whatever the backend.
- * Both: a backend outside the enum is SC_ERR_INVALID_ARGUMENT before any device work.
+ * Both: a backend outside the enum is SC_ERR_INVALID_ARGUMENT before any device work; a
+ * program for sm_90a in the context is SC_ERR_NOT_SUPPORTED before any compile.
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include "../test.h"
@@ -69,6 +70,20 @@ int main(int argc, char **argv)
         CHECK_MSG("device 0 is 7.5");
     }
     CHECK(layer.id == 0);
+
+    /* Architecture-specific code for another architecture than the context's device would
+     * never load there: refused before anything compiles (compile-only programs, with the
+     * zero context, may target any architecture). */
+    sc_program prog = {.id = 5};
+    CHECK_STATUS(sc_program_create(ctx,
+                                   &(sc_program_desc){.source = "__global__ void k() {}",
+                                                      .arch = 90, .arch_specific = true},
+                                   &prog),
+                 SC_ERR_NOT_SUPPORTED);
+    CHECK(prog.id == 0);
+    CHECK_MSG("sc_program_create: desc->arch_specific: sm_90a code runs only on compute "
+              "capability 9.0; the context's device 0 is");
+    CHECK_MSG(cc == 80 ? "is 8.0" : "is 7.5");
     CHECK_OK(sc_buffer_destroy(r));
     CHECK_OK(sc_buffer_destroy(w13));
     CHECK_OK(sc_buffer_destroy(w2));

@@ -1,71 +1,486 @@
-/* The command-line tool without a driver: a clear reason and exit status 2; inputs it
- * cannot read: a clear reason and exit status 1. */
+/* The command-line tool, run through popen.
+ *
+ * Without NVRTC: no driver (a clear reason, exit 2, and the NVRTC line still printed);
+ * unreadable inputs (exit 1); every kind of bad usage of `compile` (exit 64 with a message
+ * saying what is wrong) and `compile --help` (exit 0); output that cannot be written.
+ * With NVRTC (skipped with the reason when it can't be loaded): --arch in nvcc's
+ * spellings and forms (sm_90a builds the sm_90a MoE kernels, sm_90 refuses them, compute_90
+ * writes PTX), -I/-D/-U in their separate and attached forms, options passed on to NVRTC,
+ * -o that cannot be written (exit 1, the reason, no partial file), a compile log too long
+ * for the error message, a target other than the device's (with the fake driver). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../test.h"
 
-static int run(const char *cmd, char *out, size_t size)
+/* Commands run without a driver (so also without a device) and without the disk cache. */
+#define ENV "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE=0 "
+
+static char out[1 << 20]; /* the command's output (stdout and stderr as the command says) */
+
+/* Run cmd, keep the first sizeof out - 1 bytes of its output and drain the rest. */
+static int run(const char *cmd)
 {
     FILE *p = popen(cmd, "r");
     REQUIRE(p != NULL);
-    size_t n = fread(out, 1, size - 1, p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
     out[n] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-int main(void)
+static int runf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int runf(const char *fmt, ...)
 {
-    char cmd[2048], out[16384];
-    snprintf(cmd, sizeof cmd, "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' info 2>&1",
-             SAFECUDA_CLI);
-    CHECK(run(cmd, out, sizeof out) == 2);
-    CHECK(strstr(out, "cannot load the CUDA driver library") != NULL);
-    CHECK(strstr(out, "/nonexistent/libcuda.so.1") != NULL);
-    CHECK(strstr(out, "install the NVIDIA driver") != NULL);
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    REQUIRE(n > 0 && (size_t)n < sizeof cmd);
+    return run(cmd);
+}
 
-    snprintf(cmd, sizeof cmd,
-             "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' info --json 2>/dev/null",
-             SAFECUDA_CLI);
-    CHECK(run(cmd, out, sizeof out) == 2);
-    CHECK(strstr(out, "\"error\": \"SC_ERR_NO_DRIVER\"") != NULL);
+/* The output has needle; else say which command and what it printed. */
+#define CHECK_OUT(needle)                                                                     \
+    do {                                                                                      \
+        if (!strstr(out, (needle))) {                                                         \
+            fprintf(stderr, "%s:%d: output lacks \"%s\":\n%.2000s\n", __FILE__, __LINE__,    \
+                    (needle), out);                                                           \
+            test_failures++;                                                                  \
+        }                                                                                     \
+    } while (0)
+#define CHECK_NOT_OUT(needle)                                                                 \
+    do {                                                                                      \
+        if (strstr(out, (needle))) {                                                          \
+            fprintf(stderr, "%s:%d: output has \"%s\":\n%.2000s\n", __FILE__, __LINE__,      \
+                    (needle), out);                                                           \
+            test_failures++;                                                                  \
+        }                                                                                     \
+    } while (0)
+#define CHECK_RC(got, want)                                                                   \
+    do {                                                                                      \
+        int rc_ = (got);                                                                      \
+        if (rc_ != (want)) {                                                                  \
+            fprintf(stderr, "%s:%d: exit status %d, expected %d; output:\n%.2000s\n",         \
+                    __FILE__, __LINE__, rc_, (want), out);                                    \
+            test_failures++;                                                                  \
+        }                                                                                     \
+    } while (0)
 
-    snprintf(cmd, sizeof cmd, "'%s' frobnicate 2>&1", SAFECUDA_CLI);
-    CHECK(run(cmd, out, sizeof out) == 64);
-    CHECK(strstr(out, "unknown command 'frobnicate'") != NULL);
+static char dir[] = "/tmp/safecuda-test-cli-XXXXXX";
 
-    snprintf(cmd, sizeof cmd, "'%s' info --bogus 2>&1", SAFECUDA_CLI);
-    CHECK(run(cmd, out, sizeof out) == 64);
+static void write_file(const char *name, const char *text)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    REQUIRE(fputs(text, f) >= 0);
+    REQUIRE(fclose(f) == 0);
+}
 
+/* The first bytes of dir/name ("" when missing). */
+static void read_head(const char *name, char *buf, size_t size)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+static bool exists(const char *name)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/* ---- without NVRTC ----------------------------------------------------------------------- */
+
+static void test_info_without_driver(void)
+{
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+    CHECK_OUT("cannot load the CUDA driver library");
+    CHECK_OUT("/nonexistent/libcuda.so.1");
+    CHECK_OUT("install the NVIDIA driver");
+    CHECK_OUT("NVRTC:   "); /* the compiler is there or not whatever the driver */
+
+    CHECK_RC(runf(ENV "'%s' info --json 2>/dev/null", SAFECUDA_CLI), 2);
+    CHECK_OUT("\"error\": \"SC_ERR_NO_DRIVER\"");
+    CHECK_OUT("\"nvrtc_version\": ");
+
+    /* Neither driver nor NVRTC: both reasons. */
+    CHECK_RC(runf(ENV "SAFECUDA_NVRTC=/nonexistent/libnvrtc.so '%s' info 2>&1", SAFECUDA_CLI),
+             2);
+    CHECK_OUT("cannot load the CUDA driver library");
+    CHECK_OUT("NVRTC:   not available (");
+    CHECK_OUT("cannot load NVRTC from SAFECUDA_NVRTC=/nonexistent/libnvrtc.so");
+    CHECK_RC(runf(ENV "SAFECUDA_NVRTC=/nonexistent/libnvrtc.so '%s' info --json 2>/dev/null",
+                  SAFECUDA_CLI),
+             2);
+    CHECK_OUT("\"error\": \"SC_ERR_NO_DRIVER\"");
+    CHECK_OUT("\"nvrtc_version\": null");
+    CHECK_OUT("\"nvrtc_error\": \"sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
+}
+
+static void test_usage(void)
+{
+    CHECK_RC(runf("'%s' frobnicate 2>&1", SAFECUDA_CLI), 64);
+    CHECK_OUT("unknown command 'frobnicate'");
+    CHECK_RC(runf("'%s' info --bogus 2>&1", SAFECUDA_CLI), 64);
+    CHECK_OUT("safecuda info: unknown option '--bogus'");
+    CHECK_RC(runf("'%s' version", SAFECUDA_CLI), 0);
+    CHECK_OUT("safecuda 0.1.0");
+
+    /* compile --help and -h: the compile usage on stdout, exit 0, anywhere on the line. */
+    static const char *const helps[] = {"--help", "-h", "k.cu --arch sm_90 --help"};
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' compile %s 2>/dev/null", SAFECUDA_CLI, helps[i]), 0);
+        CHECK_OUT("usage: safecuda compile FILE.cu");
+        CHECK_OUT("--arch");
+        CHECK_OUT("compute_XY");
+        CHECK_OUT("-I DIR");
+        CHECK_OUT("-o FILE");
+    }
+    /* The general usage points at it. */
+    CHECK_RC(runf("'%s' help", SAFECUDA_CLI), 0);
+    CHECK_OUT("safecuda compile --help");
+
+    /* Bad usage: exit 64 with what is wrong, before reading the input (which does not
+     * exist: that would be exit 1). */
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"", "safecuda compile: no input file (safecuda compile --help shows the options)"},
+        {"/nonexistent/k.cu --arch", "safecuda compile: --arch needs a value, e.g. --arch sm_90"},
+        {"/nonexistent/k.cu --arch=", "safecuda compile: --arch needs a value, e.g. --arch sm_90"},
+        {"/nonexistent/k.cu -arch", "safecuda compile: -arch needs a value, e.g. -arch sm_90"},
+        {"/nonexistent/k.cu --gpu-architecture",
+         "safecuda compile: --gpu-architecture needs a value, e.g. --gpu-architecture sm_90"},
+        {"/nonexistent/k.cu --arch -o x.cubin",
+         "safecuda compile: --arch needs a value, e.g. --arch sm_90"},
+        {"/nonexistent/k.cu --arch sm_90 -o", "safecuda compile: -o needs a value, e.g. -o "},
+        {"/nonexistent/k.cu -o --ptx", "safecuda compile: -o needs a value"},
+        {"/nonexistent/k.cu --output-file", "safecuda compile: --output-file needs a value"},
+        {"/nonexistent/k.cu --arch sm_90 -I", "safecuda compile: -I needs a value, e.g. -I "},
+        {"/nonexistent/k.cu --arch sm_90 --include-path",
+         "safecuda compile: --include-path needs a value"},
+        {"/nonexistent/k.cu --arch sm_90 -D", "safecuda compile: -D needs a value, e.g. -D "},
+        {"/nonexistent/k.cu --arch sm_90 --define-macro",
+         "safecuda compile: --define-macro needs a value"},
+        {"/nonexistent/k.cu --arch sm_90 -U", "safecuda compile: -U needs a value"},
+        {"/nonexistent/k.cu --arch sm_9x", "safecuda compile: bad --arch 'sm_9x'"},
+        {"/nonexistent/k.cu --arch sm_", "safecuda compile: bad --arch 'sm_'"},
+        {"/nonexistent/k.cu --arch 90b", "safecuda compile: bad --arch '90b'"},
+        {"/nonexistent/k.cu --arch sm_90aa", "safecuda compile: bad --arch 'sm_90aa'"},
+        {"/nonexistent/k.cu --arch compute_", "safecuda compile: bad --arch 'compute_'"},
+        {"/nonexistent/k.cu --arch sm_9", "safecuda compile: bad --arch 'sm_9'"},
+        {"/nonexistent/k.cu --arch sm_1000", "safecuda compile: bad --arch 'sm_1000'"},
+        {"/nonexistent/k.cu --arch sm_30", "safecuda compile: bad --arch 'sm_30'"},
+        {"/nonexistent/k.cu --arch gfx90a", "safecuda compile: bad --arch 'gfx90a'"},
+        {"/nonexistent/k.cu -arch=sm_9x", "safecuda compile: bad -arch 'sm_9x'"},
+        {"/nonexistent/k.cu --arch sm_100f",
+         "safecuda compile: --arch 'sm_100f': family-specific targets are not supported; "
+         "write sm_100a (sm_100 only) or sm_100"},
+        {"/nonexistent/k.cu --arch sm_80 --arch sm_90",
+         "safecuda compile: --arch given twice ('sm_80' and 'sm_90')"},
+        {"/nonexistent/k.cu --arch sm_90 -o a -o b", "safecuda compile: -o given twice ('a' and 'b')"},
+        {"/nonexistent/k.cu /nonexistent/j.cu --arch sm_90",
+         "safecuda compile: more than one input file ('/nonexistent/k.cu' and '/nonexistent/j.cu')"},
+        {"/nonexistent/k.cu -maxrregcount 64 --arch sm_90",
+         "NVRTC options take their values as -option=value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = runf(ENV "'%s' compile %s 2>&1", SAFECUDA_CLI, bad[i].args);
+        if (rc != 64 || !strstr(out, bad[i].says)) {
+            fprintf(stderr, "compile %s: exit %d (want 64), output:\n%s\nwanted: %s\n",
+                    bad[i].args, rc, out, bad[i].says);
+            test_failures++;
+        }
+    }
+    /* Every bad --arch says what is accepted. */
+    CHECK_RC(runf(ENV "'%s' compile k.cu --arch sm_9x 2>&1", SAFECUDA_CLI), 64);
+    CHECK_OUT("write sm_XY, sm_XYa, compute_XY, compute_XYa, XY or native (e.g. sm_90, sm_90a, "
+              "compute_90)");
+}
+
+static void test_unreadable_input(void)
+{
     /* A folder as the source: it opens like a file and its size at SEEK_END is LONG_MAX
      * on ext4, which must not become an allocation (an abort under ASan). */
-    char dir[] = "/tmp/safecuda-test-cli-XXXXXX";
-    REQUIRE(mkdtemp(dir) != NULL);
-    snprintf(cmd, sizeof cmd,
-             "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' compile '%s' --arch sm_90 2>&1",
-             SAFECUDA_CLI, dir);
-    CHECK(run(cmd, out, sizeof out) == 1);
-    CHECK(strstr(out, "safecuda compile: cannot read") != NULL);
-    CHECK(strstr(out, dir) != NULL);
-    CHECK(strstr(out, "not a regular file") != NULL);
-    CHECK(strstr(out, "AddressSanitizer") == NULL);
-    rmdir(dir);
+    CHECK_RC(runf(ENV "'%s' compile '%s' --arch sm_90 2>&1", SAFECUDA_CLI, dir), 1);
+    CHECK_OUT("safecuda compile: cannot read");
+    CHECK_OUT(dir);
+    CHECK_OUT("not a regular file");
+    CHECK_NOT_OUT("AddressSanitizer");
 
     /* A source that does not exist. */
-    snprintf(cmd, sizeof cmd,
-             "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 '%s' compile '%s/k.cu' --arch sm_90 "
-             "2>&1",
-             SAFECUDA_CLI, dir);
-    CHECK(run(cmd, out, sizeof out) == 1);
-    CHECK(strstr(out, "safecuda compile: cannot read") != NULL);
-    CHECK(strstr(out, "No such file or directory") != NULL);
+    CHECK_RC(runf(ENV "'%s' compile '%s/nope.cu' --arch sm_90 2>&1", SAFECUDA_CLI, dir), 1);
+    CHECK_OUT("safecuda compile: cannot read");
+    CHECK_OUT("No such file or directory");
 
-    snprintf(cmd, sizeof cmd, "'%s' version", SAFECUDA_CLI);
-    CHECK(run(cmd, out, sizeof out) == 0);
-    CHECK(strstr(out, "safecuda 0.1.0") != NULL);
-    if (test_failures)
-        fprintf(stderr, "last output:\n%s\n", out);
+    /* No --arch and no device: say to name the target. */
+    write_file("k.cu", "extern \"C\" __global__ void k(float *x) { x[0] = 1.0f; }\n");
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' 2>&1", SAFECUDA_CLI, dir), 2);
+    CHECK_OUT("no CUDA device here: name the target with --arch (e.g. --arch sm_90)");
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch native 2>&1", SAFECUDA_CLI, dir), 2);
+    CHECK_OUT("no CUDA device here");
+}
+
+static void test_stdout_unwritable(void)
+{
+    /* What the tool prints is its output: a failed write to stdout is a failure. */
+    CHECK_RC(runf("'%s' version 2>&1 >/dev/full", SAFECUDA_CLI), 1);
+    CHECK_OUT("safecuda: cannot write the output: No space left on device");
+    CHECK_RC(runf("'%s' help 2>&1 >/dev/full", SAFECUDA_CLI), 1);
+    CHECK_OUT("cannot write the output");
+}
+
+/* ---- with NVRTC ------------------------------------------------------------------------- */
+
+static void test_info_nvrtc(const char *version)
+{
+    char want[64];
+    snprintf(want, sizeof want, "NVRTC:   %s (", version);
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+    CHECK_OUT(want);
+    CHECK_OUT("libnvrtc");
+    CHECK_OUT("cannot load the CUDA driver library");
+    snprintf(want, sizeof want, "\"nvrtc_version\": \"%s\"", version);
+    CHECK_RC(runf(ENV "'%s' info --json 2>/dev/null", SAFECUDA_CLI), 2);
+    CHECK_OUT(want);
+    CHECK_OUT("\"nvrtc_path\": \"");
+    CHECK_OUT("libnvrtc");
+    CHECK_OUT("\"error\": \"SC_ERR_NO_DRIVER\"");
+    CHECK_NOT_OUT("nvrtc_error");
+}
+
+static void test_moe_sm90a(void)
+{
+    /* The project's own sm_90a kernels: they build for sm_90a, and the message of a build for
+     * sm_90 names the instruction that needs sm_90a. */
+    const char *src = SAFECUDA_SOURCE_DIR "/kernels";
+    CHECK_RC(runf(ENV "'%s' compile '%s/moe/moe_sm90a.cu' --arch sm_90a -I '%s' 2>&1",
+                  SAFECUDA_CLI, src, src),
+             0);
+    CHECK_OUT("moe_sm90a.cu: cubin for sm_90a, ");
+    CHECK_RC(runf(ENV "'%s' compile '%s/moe/moe_sm90a.cu' --arch sm_90 -I '%s' 2>&1",
+                  SAFECUDA_CLI, src, src),
+             1);
+    CHECK_OUT("'moe_sm90a.cu' failed to compile for sm_90:");
+    CHECK_OUT("wgmma");
+    CHECK_OUT("not supported on .target 'sm_90'");
+}
+
+static void test_arch_spellings(void)
+{
+    write_file("k.cu", "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 1.0f; }\n");
+    static const struct {
+        const char *args, *says;
+    } ok[] = {
+        {"--arch sm_90a", "cubin for sm_90a, "},
+        {"--arch=sm_90a", "cubin for sm_90a, "},
+        {"-arch sm_90a", "cubin for sm_90a, "},
+        {"-arch=sm_90a", "cubin for sm_90a, "},
+        {"--gpu-architecture sm_90a", "cubin for sm_90a, "},
+        {"--gpu-architecture=sm_90a", "cubin for sm_90a, "},
+        {"--arch 90a", "cubin for sm_90a, "},
+        {"--arch sm_90", "cubin for sm_90, "},
+        {"--arch 90", "cubin for sm_90, "},
+        {"--arch sm_80", "cubin for sm_80, "},
+        {"--arch compute_90", "PTX for compute_90, "},
+        {"--arch compute_90a", "PTX for compute_90a, "},
+        {"--arch sm_90 --ptx", "PTX for compute_90, "},
+        {"--arch sm_90a -ptx", "PTX for compute_90a, "},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int rc = runf(ENV "'%s' compile '%s/k.cu' %s 2>&1", SAFECUDA_CLI, dir, ok[i].args);
+        if (rc != 0 || !strstr(out, ok[i].says)) {
+            fprintf(stderr, "compile k.cu %s: exit %d (want 0), output:\n%s\nwanted: %s\n",
+                    ok[i].args, rc, out, ok[i].says);
+            test_failures++;
+        }
+    }
+
+    /* compute_90 writes PTX (text), not an sm_90 cubin; sm_90 writes a cubin (ELF). */
+    char head[4096];
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch compute_90 -o '%s/k.ptx' 2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             0);
+    CHECK_OUT("wrote ");
+    read_head("k.ptx", head, sizeof head);
+    CHECK(strncmp(head, "//", 2) == 0 || strncmp(head, ".version", 8) == 0);
+    CHECK(strstr(head, ".target sm_90") != NULL && strstr(head, ".target sm_90a") == NULL);
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch compute_90a -o '%s/k.ptx' 2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             0);
+    read_head("k.ptx", head, sizeof head);
+    CHECK(strstr(head, ".target sm_90a") != NULL);
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_90 -o '%s/k.cubin' 2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             0);
+    read_head("k.cubin", head, sizeof head);
+    CHECK(memcmp(head, "\x7f" "ELF", 4) == 0);
+    char wrote[300];
+    snprintf(wrote, sizeof wrote, "wrote %s/k.cubin", dir);
+    CHECK_OUT(wrote);
+}
+
+static void test_include_and_define(void)
+{
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s/inc", dir);
+    REQUIRE(mkdir(sub, 0700) == 0 || errno == EEXIST);
+    write_file("inc/width.cuh", "#define HEADER_WIDTH 4\n");
+    write_file("needs.cu", "#include \"width.cuh\"\n"
+                           "#ifndef WIDTH\n#error WIDTH is not defined\n#endif\n"
+                           "extern \"C\" __global__ void w(float *x) { x[0] = WIDTH * "
+                           "HEADER_WIDTH; }\n");
+    static const char *const forms[] = {
+        "-I '%s/inc' -D WIDTH=2",
+        "'-I%s/inc' -DWIDTH=2",
+        "--include-path '%s/inc' --define-macro WIDTH=2",
+        "'--include-path=%s/inc' --define-macro=WIDTH=2",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char opts[512];
+        snprintf(opts, sizeof opts, forms[i], dir);
+        int rc = runf(ENV "'%s' compile '%s/needs.cu' --arch sm_80 %s 2>&1", SAFECUDA_CLI, dir,
+                      opts);
+        if (rc != 0 || !strstr(out, "cubin for sm_80")) {
+            fprintf(stderr, "compile needs.cu %s: exit %d (want 0), output:\n%s\n", opts, rc,
+                    out);
+            test_failures++;
+        }
+    }
+    /* Without them the compile fails on the missing header; -U takes a definition back. */
+    CHECK_RC(runf(ENV "'%s' compile '%s/needs.cu' --arch sm_80 -DWIDTH=2 2>&1", SAFECUDA_CLI,
+                  dir),
+             1);
+    CHECK_OUT("width.cuh");
+    CHECK_RC(runf(ENV "'%s' compile '%s/needs.cu' --arch sm_80 -I '%s/inc' -D WIDTH -U WIDTH "
+                      "2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             1);
+    CHECK_OUT("WIDTH is not defined");
+
+    /* Options the tool does not know go to NVRTC as they are; NVRTC's error is shown. */
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_80 -lineinfo --use_fast_math 2>&1",
+                  SAFECUDA_CLI, dir),
+             0);
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_80 --not-an-option 2>&1", SAFECUDA_CLI,
+                  dir),
+             1);
+    CHECK_OUT("--not-an-option");
+}
+
+static void test_unwritable_output(void)
+{
+    /* A device that is full: small PTX fits in stdio's buffer, so the failure shows only at
+     * fflush/fclose; a cubin fails in fwrite. Both: exit 1, the reason, no "wrote". */
+    static const char *const archs[] = {"compute_80", "sm_90"};
+    for (size_t i = 0; i < 2; i++) {
+        CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch %s -o /dev/full 2>&1", SAFECUDA_CLI,
+                      dir, archs[i]),
+                 1);
+        CHECK_OUT("safecuda compile: cannot write '/dev/full': No space left on device");
+        CHECK_NOT_OUT("wrote");
+    }
+    /* A folder that does not exist. */
+    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_90 -o '%s/no/such/k.cubin' 2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             1);
+    CHECK_OUT("cannot write");
+    CHECK_OUT("/no/such/k.cubin': No such file or directory");
+    CHECK_NOT_OUT("wrote");
+    /* A regular file cut short (the file size limit; SIGXFSZ ignored so that the write
+     * fails instead of killing the tool): the partial file is removed. */
+    CHECK_RC(runf("trap '' XFSZ; ulimit -f 1; " ENV
+                  "'%s' compile '%s/k.cu' --arch sm_90 -o '%s/cut.cubin' 2>&1",
+                  SAFECUDA_CLI, dir, dir),
+             1);
+    CHECK_OUT("/cut.cubin': File too large");
+    CHECK_NOT_OUT("wrote");
+    CHECK(!exists("cut.cubin"));
+}
+
+static void test_with_a_device(void)
+{
+    /* The fake driver (host bookkeeping only, no GPU claim: it reports one sm_90 device and
+     * loads PTX, not cubins). A target other than the device's is built and not loaded:
+     * its image would not load there; the device's own target gets the kernel table. */
+    const char *env = "SAFECUDA_LIBCUDA='" SAFECUDA_FAKE_LIBCUDA "' SAFECUDA_CACHE=0 ";
+    CHECK_RC(runf("%s'%s' compile '%s/k.cu' --arch sm_80 2>&1", env, SAFECUDA_CLI, dir), 0);
+    CHECK_OUT("cubin for sm_80");
+    CHECK_NOT_OUT("loading the module failed");
+    CHECK_NOT_OUT("regs");
+    CHECK_RC(runf("%s'%s' compile '%s/k.cu' --arch compute_90 2>&1", env, SAFECUDA_CLI, dir), 0);
+    CHECK_OUT("PTX for compute_90");
+    CHECK_OUT("regs");
+}
+
+static void test_huge_log(void)
+{
+    /* A log far longer than the error message: the message is cut with a marker and says
+     * the log's length; the whole log still reaches stderr through the log. */
+    enum { WARNINGS = 3000 };
+    size_t size = 64 + WARNINGS * 32 + 128, len = 0;
+    char *src = malloc(size);
+    REQUIRE(src != NULL);
+    len += (size_t)snprintf(src + len, size - len, "extern \"C\" __global__ void k(float *x)\n{\n");
+    for (int i = 0; i < WARNINGS; i++)
+        len += (size_t)snprintf(src + len, size - len, "    int unused_%d;\n", i);
+    snprintf(src + len, size - len, "    x[0] = not_declared_at_the_end;\n}\n");
+    write_file("huge.cu", src);
+    free(src);
+    CHECK_RC(runf(ENV "'%s' compile '%s/huge.cu' --arch sm_80 2>&1", SAFECUDA_CLI, dir), 1);
+    CHECK_OUT("'huge.cu' failed to compile for sm_80: huge.cu(3003): error");
+    CHECK_OUT("bytes; too long for this message: the whole log went to the log callback) ---");
+    CHECK_OUT("... [message cut: ");
+    CHECK_OUT("variable \"unused_2999\""); /* from the whole log */
+}
+
+int main(void)
+{
+    REQUIRE(mkdtemp(dir) != NULL);
+    signal(SIGPIPE, SIG_IGN);
+    test_info_without_driver();
+    test_usage();
+    test_unreadable_input();
+    test_stdout_unwritable();
+
+    int major = 0, minor = 0;
+    if (sc_compiler_version(&major, &minor) != SC_OK) {
+        printf("skipped the checks that compile: %s\n", sc_last_error());
+    } else {
+        char version[32];
+        snprintf(version, sizeof version, "%d.%d", major, minor);
+        test_info_nvrtc(version);
+        test_moe_sm90a();
+        test_arch_spellings();
+        test_include_and_define();
+        test_unwritable_output();
+        test_huge_log();
+        test_with_a_device();
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "note: could not remove %s\n", dir);
     return test_result("test_cli");
 }

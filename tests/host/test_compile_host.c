@@ -556,6 +556,180 @@ static void test_images_and_logs(void)
     CHECK_MSG("WIDTH is not defined");
 }
 
+/* ---- architecture-specific targets --------------------------------------------------------- */
+
+/* The leak-report detail of the compile-only program p ("cubin for sm_90a"). */
+static void check_detail(sc_program p, const char *want)
+{
+    sc_object_info info[64];
+    size_t n = sci_registry_describe(0, info, 64);
+    (void)p;
+    bool found = false;
+    for (size_t i = 0; i < n && i < 64; i++)
+        if (strcmp(info[i].kind, "program") == 0 && strcmp(info[i].detail, want) == 0)
+            found = true;
+    if (!found) {
+        fprintf(stderr, "no program described as \"%s\" among %zu objects:", want, n);
+        for (size_t i = 0; i < n && i < 64; i++)
+            fprintf(stderr, " [%s: %s]", info[i].kind, info[i].detail);
+        fprintf(stderr, "\n");
+        test_failures++;
+    }
+}
+
+static void test_arch_specific(void)
+{
+    const char *k = "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 2.0f; }\n";
+    sc_program p = {0};
+    sc_program_props props;
+
+    /* sc_program_props.arch_specific says which target was built, and so does the
+     * leak-report detail. */
+    if (create(&(sc_program_desc){.source = k, .name = "a.cu", .arch = 90, .arch_specific = true},
+               &p, &props, "cubin sm_90a")) {
+        CHECK(props.arch == 90);
+        CHECK(props.arch_specific);
+        if (!props.is_ptx)
+            check_detail(p, "cubin for sm_90a");
+        destroy(p);
+    }
+    if (create(&(sc_program_desc){.source = k, .name = "a.cu", .arch = 90, .ptx = true,
+                                  .arch_specific = true},
+               &p, &props, "PTX compute_90a")) {
+        CHECK(props.is_ptx && props.arch == 90 && props.arch_specific);
+        check_detail(p, "PTX for compute_90a");
+        destroy(p);
+    }
+    if (create(&(sc_program_desc){.source = k, .name = "a.cu", .arch = 90}, &p, &props,
+               "cubin sm_90")) {
+        CHECK(props.arch == 90);
+        CHECK(!props.arch_specific);
+        if (!props.is_ptx)
+            check_detail(p, "cubin for sm_90");
+        destroy(p);
+    }
+    if (create(&(sc_program_desc){.source = k, .name = "a.cu", .arch = 80, .ptx = true}, &p,
+               &props, "PTX compute_80")) {
+        CHECK(props.is_ptx && !props.arch_specific);
+        check_detail(p, "PTX for compute_80");
+        destroy(p);
+    }
+
+    /* An architecture NVRTC does not know: plain code falls back to PTX for the newest one
+     * it knows (the driver JIT-compiles it), but architecture-specific code runs only on
+     * its own architecture, so the fallback would not run: refused. */
+    if (create(&(sc_program_desc){.source = k, .name = "a.cu", .arch = 990}, &p, &props,
+               "fallback")) {
+        CHECK(props.is_ptx && props.arch < 990 && !props.arch_specific);
+        destroy(p);
+    }
+    sc_clear_error();
+    p.id = 7;
+    CHECK_STATUS(sc_program_create((sc_context){0},
+                                   &(sc_program_desc){.source = k, .name = "a.cu", .arch = 990,
+                                                      .arch_specific = true},
+                                   &p),
+                 SC_ERR_NOT_SUPPORTED);
+    CHECK(p.id == 0);
+    CHECK_MSG("sc_program_create: desc->arch_specific: sm_990a needs an NVRTC that knows sm_990");
+    CHECK_MSG("knows up to sm_");
+    CHECK(sci_registry_live_count(SCI_KIND_PROGRAM) == 0);
+}
+
+/* ---- a compile log longer than the error message ------------------------------------------- */
+
+static char *captured;
+static size_t captured_len;
+
+static void capture_log(sc_log_level level, const char *text, void *user)
+{
+    (void)user;
+    if (level != SC_LOG_ERROR)
+        return;
+    size_t n = strlen(text);
+    char *grown = realloc(captured, captured_len + n + 1);
+    REQUIRE(grown != NULL);
+    memcpy(grown + captured_len, text, n + 1);
+    captured = grown;
+    captured_len += n;
+}
+
+static void test_huge_log(void)
+{
+    /* 3000 warnings (unused variables), then one error: a log of several hundred KiB. */
+    enum { WARNINGS = 3000 };
+    size_t size = 64 + WARNINGS * 32 + 128, len = 0;
+    char *src = xmalloc(size);
+    len += (size_t)snprintf(src + len, size - len, "extern \"C\" __global__ void k(float *x)\n{\n");
+    for (int i = 0; i < WARNINGS; i++)
+        len += (size_t)snprintf(src + len, size - len, "    int unused_%d;\n", i);
+    snprintf(src + len, size - len, "    x[0] = not_declared_at_the_end;\n}\n");
+
+    sc_set_log_callback(capture_log, NULL);
+    sc_program p = {0};
+    sc_clear_error();
+    CHECK_STATUS(sc_program_create((sc_context){0},
+                                   &(sc_program_desc){.source = src, .name = "huge_log.cu",
+                                                      .arch = 80, .no_cache = true},
+                                   &p),
+                 SC_ERR_COMPILE);
+    sc_set_log_callback(NULL, NULL);
+    free(src);
+
+    /* The message: the first error (at the end of the log), the log's length, where the
+     * whole log went, and the cut marker. */
+    const char *m = sc_last_error();
+    size_t m_len = strlen(m);
+    CHECK(m_len < 16384);
+    CHECK_MSG("sc_program_create: 'huge_log.cu' failed to compile for sm_80: huge_log.cu(3003)");
+    CHECK_MSG("not_declared_at_the_end");
+    size_t log_bytes = 0;
+    const char *head = strstr(m, "--- NVRTC log (");
+    CHECK(head != NULL && sscanf(head, "--- NVRTC log (%zu bytes", &log_bytes) == 1);
+    CHECK(log_bytes > 100000);
+    CHECK_MSG("bytes; too long for this message: the whole log went to the log callback) ---");
+    CHECK_MSG("huge_log.cu(3): warning"); /* the start of the log is shown */
+    const char *marker = strstr(m, "... [message cut: ");
+    size_t shown = 0, whole = 0;
+    CHECK(marker != NULL &&
+          sscanf(marker, "... [message cut: %zu of %zu bytes shown]", &shown, &whole) == 2);
+    CHECK(shown == (size_t)(marker - m));
+    CHECK(whole > log_bytes);
+    CHECK(m_len > 0 && m[m_len - 1] == ']');
+
+    /* The log callback got all of it. */
+    CHECK(captured != NULL);
+    if (captured) {
+        CHECK(captured_len >= log_bytes);
+        CHECK(strstr(captured, "huge_log.cu") != NULL);
+        CHECK(strstr(captured, "unused_0\"") != NULL);
+        CHECK(strstr(captured, "unused_2999\"") != NULL);
+        CHECK(strstr(captured, "not_declared_at_the_end") != NULL);
+        char want[128];
+        snprintf(want, sizeof want, "(%zu bytes)", log_bytes);
+        CHECK(strstr(captured, want) != NULL);
+    }
+    free(captured);
+    captured = NULL;
+    captured_len = 0;
+
+    /* A log that fits is quoted whole, with its length, and nothing goes to the log. */
+    sc_set_log_callback(capture_log, NULL);
+    CHECK_STATUS(sc_program_create((sc_context){0},
+                                   &(sc_program_desc){.source = "int x = ;\n", .name = "small.cu",
+                                                      .arch = 80},
+                                   &p),
+                 SC_ERR_COMPILE);
+    sc_set_log_callback(NULL, NULL);
+    CHECK(captured == NULL);
+    CHECK_MSG("--- NVRTC log (");
+    CHECK(strstr(sc_last_error(), "message cut") == NULL);
+    CHECK(strstr(sc_last_error(), "log callback") == NULL);
+    free(captured);
+    captured = NULL;
+    captured_len = 0;
+}
+
 /* ---- the disk cache ----------------------------------------------------------------------- */
 
 static const char cache_src[] =
@@ -980,6 +1154,8 @@ int main(void)
     RUN(test_headers);
     RUN(test_name_expressions);
     RUN(test_images_and_logs);
+    RUN(test_arch_specific);
+    RUN(test_huge_log);
     RUN(test_cache_hits);
     RUN(test_cache_corruption);
     RUN(test_cache_concurrent);

@@ -113,6 +113,10 @@ int main(int argc, char **argv)
         CHECK_STATUS(sc_compiler_version(&major, &minor), SC_ERR_NO_COMPILER);
         CHECK_MSG("sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
         CHECK_MSG(getenv("SAFECUDA_NVRTC"));
+        char path[512] = "unchanged";
+        CHECK_STATUS(sc_compiler_path(path, sizeof path), SC_ERR_NO_COMPILER);
+        CHECK_MSG("sc_compiler_path: cannot load NVRTC from SAFECUDA_NVRTC=");
+        CHECK(strcmp(path, "unchanged") == 0);
     } else if (strcmp(mode, "nvrtc") == 0) {
         int major = 0, minor = 0;
         sc_status s = sc_compiler_version(&major, &minor);
@@ -130,11 +134,22 @@ int main(int argc, char **argv)
         }
         CHECK_OK(s);
         CHECK(major >= 11);
+        char path[512] = "";
+        CHECK_OK(sc_compiler_path(path, sizeof path));
+        CHECK(strstr(path, "libnvrtc") != NULL);
+        char small[5] = "xxxxx"; /* cut to the buffer, NUL-terminated */
+        CHECK_OK(sc_compiler_path(small, sizeof small));
+        CHECK(strlen(small) == 4 && strncmp(small, path, 4) == 0);
     } else {
         fprintf(stderr, "unknown mode '%s'\n", mode);
         return 1;
     }
     CHECK_STATUS(sc_driver_version(NULL), SC_ERR_INVALID_ARGUMENT);
     CHECK_MSG("sc_driver_version: argument 'version' is NULL");
+    char buf[8];
+    CHECK_STATUS(sc_compiler_path(NULL, 8), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("sc_compiler_path: argument 'buf' is NULL");
+    CHECK_STATUS(sc_compiler_path(buf, 0), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("sc_compiler_path: size is 0");
     return test_result(mode);
 }

@@ -3,6 +3,7 @@
 
 #include "../test.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "driver/driver.h"
 
 static void *other_thread(void *arg)
@@ -12,6 +13,124 @@ static void *other_thread(void *arg)
     int empty = sc_last_error()[0] == '\0';
     sci_fail(SC_ERR_BUSY, "thread_fn", "value %d", 2);
     return (void *)(intptr_t)empty;
+}
+
+/* "... [message cut: N of M bytes shown]" ends a message that did not fit: N is what is
+ * left of the text before the marker, M the length the whole message had. */
+static void check_cut(size_t whole, const char *what)
+{
+    const char *m = sc_last_error();
+    size_t len = strlen(m);
+    const char *marker = strstr(m, "... [message cut: ");
+    size_t shown = 0, total = 0;
+    char tail = 0;
+    if (!marker || sscanf(marker, "... [message cut: %zu of %zu bytes shown%c", &shown, &total,
+                          &tail) != 3) {
+        fprintf(stderr, "%s: no cut marker at the end of a %zu-byte message: ...%s\n", what, len,
+                len > 80 ? m + len - 80 : m);
+        test_failures++;
+        return;
+    }
+    CHECK(tail == ']' && m[len - 1] == ']' && marker[strlen(marker) - 1] == ']');
+    CHECK(strchr(marker, ']') == m + len - 1); /* the marker ends the message */
+    CHECK(shown == (size_t)(marker - m));
+    if (total != whole)
+        fprintf(stderr, "%s: the marker says %zu bytes, the message had %zu\n", what, total,
+                whole);
+    CHECK(total == whole);
+    CHECK(len < 16384 && len > 16000); /* the buffer is used, not wasted */
+}
+
+static void test_cut_messages(const char *big)
+{
+    const size_t n = strlen(big);
+    const size_t prefix = strlen("sc_program_create: ");
+
+    /* A message that fits has no marker. */
+    sci_fail(SC_ERR_COMPILE, "f", "%.*s", 1000, big);
+    CHECK(strstr(sc_last_error(), "message cut") == NULL);
+    CHECK(strlen(sc_last_error()) == 1003);
+
+    /* Cut by sci_fail: the marker gives the length of the whole message. */
+    sci_fail(SC_ERR_COMPILE, "sc_program_create", "%s", big);
+    check_cut(prefix + n, "sci_fail");
+    CHECK(strncmp(sc_last_error(), "sc_program_create: xxx", 22) == 0);
+
+    /* Appending to a cut message adds to the length, not to the text. */
+    sci_error_append(" and %d more", 12345); /* 15 bytes */
+    check_cut(prefix + n + 15, "append after a cut");
+    CHECK(strstr(sc_last_error(), "12345") == NULL);
+
+    /* Cut by an append to a message that fitted. */
+    sci_fail(SC_ERR_COMPILE, "g", "first part;");
+    sci_error_append("%s", big);
+    check_cut(strlen("g: first part;") + n, "append");
+    CHECK_MSG("g: first part;xxx");
+
+    /* A message of exactly the buffer's size minus one fits; one more byte does not. */
+    sci_fail(SC_ERR_COMPILE, "h", "%.*s", 16384 - 1 - 3, big);
+    CHECK(strstr(sc_last_error(), "message cut") == NULL);
+    CHECK(strlen(sc_last_error()) == 16383);
+    sci_error_append("y");
+    check_cut(16384, "one byte over");
+
+    /* The cut does not split a UTF-8 character: every kept byte sequence is whole. */
+    static char utf8[30000];
+    for (size_t i = 0; i + 2 < sizeof utf8; i += 2) {
+        utf8[i] = (char)0xc3; /* U+00E9, two bytes */
+        utf8[i + 1] = (char)0xa9;
+    }
+    for (int shift = 0; shift < 2; shift++) {
+        sci_fail(SC_ERR_COMPILE, shift ? "ab" : "a", "%s", utf8);
+        const char *m = sc_last_error();
+        const char *marker = strstr(m, "... [message cut: ");
+        REQUIRE(marker != NULL);
+        size_t start = strlen(shift ? "ab: " : "a: ");
+        CHECK((size_t)(marker - m - start) % 2 == 0);
+        check_cut(start + strlen(utf8), "utf-8");
+    }
+
+    /* A saved cut message comes back with its marker, and appends still count. */
+    sci_fail(SC_ERR_COMPILE, "sc_program_create", "%s", big);
+    char *saved = sci_error_save();
+    sci_fail(SC_ERR_IO, "other", "message");
+    sci_error_restore(saved);
+    check_cut(prefix + n, "restored");
+    sci_error_append("%s", "12345");
+    check_cut(prefix + n + 5, "append after restore");
+
+    /* Cleared, the next message starts afresh. */
+    sc_clear_error();
+    sci_error_append("%s", "appended to nothing");
+    CHECK(strcmp(sc_last_error(), "appended to nothing") == 0);
+    sci_fail(SC_ERR_IO, "f", "short");
+    CHECK(strcmp(sc_last_error(), "f: short") == 0);
+}
+
+static char logged[50000];
+static size_t logged_len;
+static sc_log_level logged_level;
+
+static void capture_log(sc_log_level level, const char *text, void *user)
+{
+    (void)user;
+    logged_level = level;
+    logged_len = strlen(text);
+    snprintf(logged, sizeof logged, "%s", text);
+}
+
+/* Log lines reach the callback whole, however long (a compile log that was too long for the
+ * error message goes there). */
+static void test_long_log_lines(const char *big)
+{
+    sc_set_log_callback(capture_log, NULL);
+    sci_log(SC_LOG_WARN, "short %d", 7);
+    CHECK(strcmp(logged, "short 7") == 0 && logged_level == SC_LOG_WARN);
+    sci_log(SC_LOG_ERROR, "long: %s|end", big);
+    CHECK(logged_level == SC_LOG_ERROR);
+    CHECK(logged_len == strlen("long: ") + strlen(big) + strlen("|end"));
+    CHECK(logged_len > 30000 && strcmp(logged + logged_len - 4, "|end") == 0);
+    sc_set_log_callback(NULL, NULL);
 }
 
 int main(void)
@@ -90,6 +209,8 @@ int main(void)
     sci_fail(SC_ERR_COMPILE, "sc_program_create", "%s", big);
     CHECK(strlen(sc_last_error()) < sizeof big);
     CHECK(strncmp(sc_last_error(), "sc_program_create: xxx", 22) == 0);
+    test_cut_messages(big);
+    test_long_log_lines(big);
 
     /* The message is per thread. */
     sci_fail(SC_ERR_IO, "main_fn", "here");
