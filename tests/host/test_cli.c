@@ -421,10 +421,10 @@ static void test_unwritable_output(void)
 
 static void test_with_a_device(void)
 {
-    /* The fake driver (host bookkeeping only, no GPU claim: it reports one sm_90 device and
+    /* The test device (host bookkeeping only, no GPU claim: it reports one sm_90 device and
      * loads PTX, not cubins). A target other than the device's is built and not loaded:
      * its image would not load there; the device's own target gets the kernel table. */
-    const char *env = "SAFECUDA_LIBCUDA='" SAFECUDA_FAKE_LIBCUDA "' SAFECUDA_CACHE=0 ";
+    const char *env = "SAFECUDA_LIBCUDA='" SAFECUDA_TESTDEVICE_LIB "' SAFECUDA_CACHE=0 ";
     CHECK_RC(runf("%s'%s' compile '%s/k.cu' --arch sm_80 2>&1", env, SAFECUDA_CLI, dir), 0);
     CHECK_OUT("cubin for sm_80");
     CHECK_NOT_OUT("loading the module failed");
