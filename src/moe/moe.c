@@ -162,22 +162,17 @@ static sc_status check_weight(sc_buffer b, const char *what, sc_dtype dtype, uin
     return SC_OK;
 }
 
-sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
-                           const char *file, int line)
+/* Check the layer's shape and options (the dtype defaulted to bf16). */
+static sc_status check_desc(sc_moe_desc *d, const char *fn)
 {
-    static const char fn[] = "sc_moe_create";
-    SCI_CHECK_PTR(fn, layer);
-    layer->id = 0;
-    SCI_CHECK_PTR(fn, desc);
-    sc_moe_desc d = *desc;
-    if (d.dtype == SC_DTYPE_INVALID)
-        d.dtype = SC_BF16;
-    if ((unsigned)d.backend > SC_MOE_BACKEND_SM90)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d.backend);
-    const int E = d.experts, k = d.top_k, H = d.hidden, I = d.intermediate;
-    if (d.dtype != SC_BF16)
+    if (d->dtype == SC_DTYPE_INVALID)
+        d->dtype = SC_BF16;
+    if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d->backend);
+    const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
+    if (d->dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
-                        sc_dtype_name(d.dtype));
+                        sc_dtype_name(d->dtype));
     if (E < 1 || E > SC_MOE_MAX_EXPERTS)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "experts = %d (1 .. %d)", E,
                         SC_MOE_MAX_EXPERTS);
@@ -190,44 +185,111 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     if (I <= 0 || I % SC_MOE_ALIGN)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "intermediate = %d: the kernels need a "
                         "positive multiple of %d", I, SC_MOE_ALIGN);
-    if (d.scoring != SC_MOE_SOFTMAX && d.scoring != SC_MOE_SIGMOID)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d.scoring);
+    if (d->scoring != SC_MOE_SOFTMAX && d->scoring != SC_MOE_SIGMOID)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d->scoring);
+    return SC_OK;
+}
 
-    sci_context *c = NULL;
-    sc_status s = sci_context_acquire(ctx, fn, &c);
-    if (s != SC_OK)
-        return s;
+/* Resolve the backend for the context's device (AUTO: SM90 on 9.0, MMA elsewhere), or
+ * refuse the device. */
+static sc_status resolve_backend(sc_moe_desc *d, const sci_context *c, const char *fn)
+{
     const bool sm90 = c->props.cc_major == 9 && c->props.cc_minor == 0;
-    if (d.backend == SC_MOE_BACKEND_AUTO)
-        d.backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
-    if (d.backend == SC_MOE_BACKEND_SM90 && !sm90) {
-        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability 9.0; "
-                     "device %d is %d.%d", c->device, c->props.cc_major, c->props.cc_minor);
-        sci_context_release(c);
-        return s;
-    }
-    if (c->props.cc_major < 8) {
-        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
-                     "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
-                     c->props.cc_major, c->props.cc_minor);
-        sci_context_release(c);
-        return s;
-    }
+    if (d->backend == SC_MOE_BACKEND_AUTO)
+        d->backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
+    if (d->backend == SC_MOE_BACKEND_SM90 && !sm90)
+        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability "
+                        "9.0; device %d is %d.%d", c->device, c->props.cc_major,
+                        c->props.cc_minor);
+    if (c->props.cc_major < 8)
+        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
+                        "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
+                        c->props.cc_major, c->props.cc_minor);
+    return SC_OK;
+}
+
+/* The weights' dtypes and element counts. */
+static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char *fn)
+{
+    const int E = d->experts, H = d->hidden, I = d->intermediate;
     char shape[96];
     snprintf(shape, sizeof shape, "[E=%d, H=%d]", E, H);
-    s = check_weight(d.router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
+    sc_status s = check_weight(d->router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
     if (s == SC_OK) {
         snprintf(shape, sizeof shape, "[E=%d, 2I=%d, H=%d]", E, 2 * I, H);
-        s = check_weight(d.w13, "w13", SC_BF16, (uint64_t)E * 2 * I * H, shape, c, fn);
+        s = check_weight(d->w13, "w13", SC_BF16, (uint64_t)E * 2 * I * H, shape, c, fn);
     }
     if (s == SC_OK) {
         snprintf(shape, sizeof shape, "[E=%d, H=%d, I=%d]", E, H, I);
-        s = check_weight(d.w2, "w2", SC_BF16, (uint64_t)E * H * I, shape, c, fn);
+        s = check_weight(d->w2, "w2", SC_BF16, (uint64_t)E * H * I, shape, c, fn);
     }
-    if (s == SC_OK && d.selection_bias.id) {
+    if (s == SC_OK && d->selection_bias.id) {
         snprintf(shape, sizeof shape, "[E=%d]", E);
-        s = check_weight(d.selection_bias, "selection_bias", SC_F32, (uint64_t)E, shape, c, fn);
+        s = check_weight(d->selection_bias, "selection_bias", SC_F32, (uint64_t)E, shape, c, fn);
     }
+    return s;
+}
+
+/* What the plans depend on: the layer's shape and backend, the device, and the tuning
+ * knobs SAFECUDA_MOE_TILE=small|medium|large|wide (fixes the SM90 tile shape),
+ * SAFECUDA_MOE_PDL=0 (no programmatic launches) and SAFECUDA_MOE_GROUP_M=n (1 .. 1024). */
+static sci_moe_config layer_config(const sc_moe_desc *d, const sci_context *c)
+{
+    sci_moe_config cfg = {.experts = d->experts, .top_k = d->top_k, .hidden = d->hidden,
+                          .intermediate = d->intermediate, .backend = d->backend,
+                          .sm_count = c->props.sm_count};
+    cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
+    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
+    cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
+    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
+    cfg.group_override = group_env ? atoi(group_env) : 0;
+    if (cfg.group_override < 0 || cfg.group_override > 1024)
+        cfg.group_override = 0;
+    return cfg;
+}
+
+/* The backend's kernels, and on SM90 the tensor maps of the weights, one per tile shape. */
+static sc_status load_kernels(sci_moe *m, const char *fn)
+{
+    sc_status s = SC_OK;
+    for (int i = 0; i < SCI_MOE_K_COUNT && s == SC_OK; i++) {
+        const sci_moe_kernel_info *ki = &sci_moe_kernels[i];
+        if (ki->backend && ki->backend != m->cfg.backend)
+            continue;
+        s = sci_builtin_kernel(m->ctx, ki->file, ki->name, fn, &m->kernels[i]);
+        if (s == SC_OK && ki->smem > 48 * 1024)
+            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
+    }
+    const sc_moe_desc *d = &m->desc;
+    const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
+    const uint64_t I = (uint64_t)d->intermediate;
+    for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90;
+         t++) {
+        const uint32_t bn = (uint32_t)sci_moe_tiles[t].bn;
+        s = encode_map(d->w13, E * 2 * I, H, bn / 2, &m->w13_map[t]);
+        if (s == SC_OK)
+            s = encode_map(d->w2, E * H, I, bn, &m->w2_map[t]);
+    }
+    return s;
+}
+
+sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
+                           const char *file, int line)
+{
+    static const char fn[] = "sc_moe_create";
+    SCI_CHECK_PTR(fn, layer);
+    layer->id = 0;
+    SCI_CHECK_PTR(fn, desc);
+    sc_moe_desc d = *desc;
+    sc_status s = check_desc(&d, fn);
+    if (s != SC_OK)
+        return s;
+    sci_context *c = NULL;
+    if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
+        return s;
+    s = resolve_backend(&d, c, fn);
+    if (s == SC_OK)
+        s = check_weights(&d, c, fn);
     sci_moe *m = NULL;
     if (s == SC_OK && !(m = calloc(1, sizeof *m)))
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -238,34 +300,9 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->ctx = c;
     m->desc = d;
     m->desc.label = NULL;
-    m->cfg = (sci_moe_config){.experts = E, .top_k = k, .hidden = H, .intermediate = I,
-                              .backend = d.backend, .sm_count = c->props.sm_count};
-    /* A tuning knob: SAFECUDA_MOE_TILE=small|medium|large|wide fixes the SM90 tile shape. */
-    m->cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
-    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
-    m->cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
-    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
-    m->cfg.group_override = group_env ? atoi(group_env) : 0;
-    if (m->cfg.group_override < 0 || m->cfg.group_override > 1024)
-        m->cfg.group_override = 0;
+    m->cfg = layer_config(&d, c);
     pthread_mutex_init(&m->lock, NULL);
-    for (int i = 0; i < SCI_MOE_K_COUNT && s == SC_OK; i++) {
-        const sci_moe_kernel_info *ki = &sci_moe_kernels[i];
-        if (ki->backend && ki->backend != m->cfg.backend)
-            continue;
-        s = sci_builtin_kernel(c, ki->file, ki->name, fn, &m->kernels[i]);
-        if (s == SC_OK && ki->smem > 48 * 1024)
-            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
-    }
-    if (s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90) {
-        for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK; t++) {
-            int bn = sci_moe_tiles[t].bn;
-            s = encode_map(d.w13, (uint64_t)E * 2 * I, (uint64_t)H, (uint32_t)bn / 2,
-                           &m->w13_map[t]);
-            if (s == SC_OK)
-                s = encode_map(d.w2, (uint64_t)E * H, (uint64_t)I, (uint32_t)bn, &m->w2_map[t]);
-        }
-    }
+    s = load_kernels(m, fn);
     if (s == SC_OK)
         s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
     if (s == SC_OK)
