@@ -102,103 +102,69 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr)
     return d;
 }
 
-// D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, both operands in shared memory (K-major,
-// 128-byte swizzle); scale_d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n64k16(float *d, unsigned long long da,
-                                                  unsigned long long db, int scale_d)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
+// One warpgroup MMA, D[64 x N] (+)= A[64 x 16] * B[N x 16]^T (bf16 in, fp32 accumulate),
+// both operands in shared memory (K-major, 128-byte swizzle), for the tile widths N = BN of
+// the kernels (64, 128, 256): wgmma_tile<N>. The operands of the instruction, numbered as
+// the asm statement numbers them (outputs first):
+//   %0 .. %(R - 1)   this thread's R = N / 2 fp32 accumulators d[0 .. R - 1], read and
+//                    written ("+f"; their layout: the epilogue of grouped_gemm)
+//   %R, %(R + 1)     the A and B shared-memory matrix descriptors (smem_desc)
+//   %(R + 2)         scale_d: 0 overwrites D (a tile's first K step), else D += A B^T
+// then the immediates imm-scale-a = imm-scale-b = 1 (no negation) and imm-trans-a =
+// imm-trans-b = 0 (both K-major). The asm text must be a string literal, so the accumulator
+// registers are spelled once, in groups of 16, and each width takes the first R of them;
+// their "+f" operands are generated to match.
+#define SC_WGMMA_R0 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define SC_WGMMA_R1 \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SC_WGMMA_R2 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define SC_WGMMA_R3 \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SC_WGMMA_R4 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define SC_WGMMA_R5 \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define SC_WGMMA_R6 \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+#define SC_WGMMA_R7 \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define SC_WGMMA_REGS_32 SC_WGMMA_R0 "," SC_WGMMA_R1
+#define SC_WGMMA_REGS_64 SC_WGMMA_REGS_32 "," SC_WGMMA_R2 "," SC_WGMMA_R3
+#define SC_WGMMA_REGS_128                                                                  \
+    SC_WGMMA_REGS_64 "," SC_WGMMA_R4 "," SC_WGMMA_R5 "," SC_WGMMA_R6 "," SC_WGMMA_R7
+// The accumulators d[i .. i + 7] (and so on) as read-and-written asm operands.
+#define SC_WGMMA_ACC_8(i)                                                                  \
+    "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
+        "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define SC_WGMMA_ACC_32(i)                                                                 \
+    SC_WGMMA_ACC_8(i), SC_WGMMA_ACC_8((i) + 8), SC_WGMMA_ACC_8((i) + 16), SC_WGMMA_ACC_8((i) + 24)
+#define SC_WGMMA_ACC_64(i) SC_WGMMA_ACC_32(i), SC_WGMMA_ACC_32((i) + 32)
+#define SC_WGMMA_ACC_128(i) SC_WGMMA_ACC_64(i), SC_WGMMA_ACC_64((i) + 64)
 
-// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, both operands in shared memory (K-major,
-// 128-byte swizzle); scale_d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n128k16(float *d, unsigned long long da,
-                                                  unsigned long long db, int scale_d)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
+template <int N> __device__ __forceinline__ void wgmma_tile(float *d, unsigned long long da,
+                                                            unsigned long long db, int scale_d);
 
-// D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T, both operands in shared memory (K-major,
-// 128-byte swizzle); scale_d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n256k16(float *d, unsigned long long da,
-                                                  unsigned long long db, int scale_d)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
-
-
-template <int BN> __device__ __forceinline__ void wgmma_tile(float *d, unsigned long long da,
-                                                             unsigned long long db, int scale_d);
-template <> __device__ __forceinline__ void wgmma_tile<64>(float *d, unsigned long long da,
-                                                           unsigned long long db, int scale_d)
-{
-    wgmma_m64n64k16(d, da, db, scale_d);
-}
-template <> __device__ __forceinline__ void wgmma_tile<128>(float *d, unsigned long long da,
-                                                            unsigned long long db, int scale_d)
-{
-    wgmma_m64n128k16(d, da, db, scale_d);
-}
-template <> __device__ __forceinline__ void wgmma_tile<256>(float *d, unsigned long long da,
-                                                            unsigned long long db, int scale_d)
-{
-    wgmma_m64n256k16(d, da, db, scale_d);
-}
-
+// wgmma_tile<N> with R accumulators; DA, DB and SCALE_D are the operand numbers R, R + 1
+// and R + 2, written out because the asm text is a literal (checked below).
+#define SC_WGMMA_TILE(N, R, DA, DB, SCALE_D)                                                 \
+    template <>                                                                              \
+    __device__ __forceinline__ void wgmma_tile<N>(float *d, unsigned long long da,           \
+                                                  unsigned long long db, int scale_d)        \
+    {                                                                                        \
+        static_assert(R == N / 2 && DA == R && DB == R + 1 && SCALE_D == R + 2,              \
+                      "wgmma_tile: operand numbers");                                        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE_D ", 0;\n"                 \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {"            \
+                     SC_WGMMA_REGS_##R "}, %" #DA ", %" #DB ", p, 1, 1, 0, 0;\n}\n"          \
+                     : SC_WGMMA_ACC_##R(0)                                                   \
+                     : "l"(da), "l"(db), "r"(scale_d));                                      \
+    }
+//            N    R    A    B    scale_d
+SC_WGMMA_TILE(64,  32,  32,  33,  34)
+SC_WGMMA_TILE(128, 64,  64,  65,  66)
+SC_WGMMA_TILE(256, 128, 128, 129, 130)
 
 // ---- the tile schedule ---------------------------------------------------------------------
 

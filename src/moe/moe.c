@@ -1,6 +1,6 @@
-/* The MoE layer: checks, workspace, and the launch sequence of kernels/moe/moe.cu. Every
- * kernel goes through the checked launch path (argument sizes, stream ordering), like any
- * user kernel. */
+/* The MoE layer: checks, workspace, and the launches of kernels/moe/ as its plans
+ * (plan.c) decide them. Every kernel goes through the checked launch path (argument sizes,
+ * stream ordering), like any user kernel. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,90 +8,22 @@
 #include "../../kernels/moe/moe_config.cuh"
 #include "launch/builtin.h"
 #include "memory/buffer.h"
+#include "moe/plan.h"
 #include "safecuda/moe.h"
-
-#define SM90_SMEM_L                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
-#define SM90_SMEM_S                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
-#define SM90_SMEM_M                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_STAGES)
-#define SM90_SMEM_W                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_STAGES)
-
-enum {
-    K_ROUTER, K_TOPK, K_OFFSETS, K_SCATTER, K_COMBINE, /* routing and combine (both) */
-    K_W13, K_W2,                                      /* MMA backend */
-    K_SCATTER_GATHER, K_W13_L, K_W2_L, K_W13_S, K_W2_S, /* SM90 backend */
-    K_ROUTE_SMALL, K_GATHER, K_W13_M, K_W2_M, K_W13_W, K_W2_W,
-    K_COUNT
-};
-static const struct {
-    const char *file, *name;
-    int backend; /* 0: both, else the backend that uses it */
-    int smem;    /* dynamic shared memory the launches ask for */
-} kernel_table[K_COUNT] = {
-    [K_ROUTER] = {"moe/moe.cu", "sc_moe_router_gemm", 0, SC_MOE_SMEM_BYTES},
-    [K_TOPK] = {"moe/moe.cu", "sc_moe_topk", 0, 0},
-    [K_OFFSETS] = {"moe/moe.cu", "sc_moe_offsets", 0, 0},
-    [K_SCATTER] = {"moe/moe.cu", "sc_moe_scatter", SC_MOE_BACKEND_MMA, 0},
-    [K_COMBINE] = {"moe/moe.cu", "sc_moe_combine", 0, 0},
-    [K_W13] = {"moe/moe.cu", "sc_moe_gemm_w13", SC_MOE_BACKEND_MMA, SC_MOE_SMEM_BYTES},
-    [K_W2] = {"moe/moe.cu", "sc_moe_gemm_w2", SC_MOE_BACKEND_MMA, SC_MOE_SMEM_BYTES},
-    [K_SCATTER_GATHER] = {"moe/moe.cu", "sc_moe_scatter_gather", SC_MOE_BACKEND_SM90, 0},
-    [K_W13_L] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_large", SC_MOE_BACKEND_SM90, SM90_SMEM_L},
-    [K_W2_L] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_large", SC_MOE_BACKEND_SM90, SM90_SMEM_L},
-    [K_W13_S] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
-    [K_W2_S] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_small", SC_MOE_BACKEND_SM90, SM90_SMEM_S},
-    [K_ROUTE_SMALL] = {"moe/moe.cu", "sc_moe_route_small", 0, 0},
-    [K_GATHER] = {"moe/moe.cu", "sc_moe_gather", SC_MOE_BACKEND_SM90, 0},
-    [K_W13_M] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
-    [K_W2_M] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_medium", SC_MOE_BACKEND_SM90, SM90_SMEM_M},
-    [K_W13_W] = {"moe/moe_sm90a.cu", "sc_moe_w13_sm90_wide", SC_MOE_BACKEND_SM90, SM90_SMEM_W},
-    [K_W2_W] = {"moe/moe_sm90a.cu", "sc_moe_w2_sm90_wide", SC_MOE_BACKEND_SM90, SM90_SMEM_W},
-};
-
-/* Workspace buffers, sized for `capacity` tokens. */
-enum {
-    W_LOGITS, W_IDS, W_WEIGHTS, W_COUNTS, W_ROW_OFF, W_TILE_OFF, W_CURSOR, W_PERM_TOKEN,
-    W_PERM_WEIGHT, W_POS, W_H, W_Y, W_NO_BIAS, W_XPERM, W_TICKET, W_COUNT
-};
-
-/* The SM90 kernels' two tile shapes and the tensor maps they read through. */
-enum { TILE_L, TILE_S, TILE_M, TILE_W, N_TILES };
-static const struct {
-    int cons, bn, a_box, ctas_per_sm;
-    int k13, k2; /* the kernels */
-    const char *name;
-} tile_shape[N_TILES] = {
-    [TILE_L] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_A_BOX, 1,
-                K_W13_L, K_W2_L, "large"},
-    [TILE_S] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_A_BOX,
-                SC_MOE_SM90_SMALL_CTAS_PER_SM, K_W13_S, K_W2_S, "small"},
-    [TILE_M] = {SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_A_BOX, 1,
-                K_W13_M, K_W2_M, "medium"},
-    [TILE_W] = {SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_A_BOX, 1, K_W13_W,
-                K_W2_W, "wide"},
-};
-static const char *const step_w13[N_TILES] = {"w13 gemm (sm90 large)", "w13 gemm (sm90 small)",
-                                              "w13 gemm (sm90 medium)", "w13 gemm (sm90 wide)"};
-static const char *const step_w2[N_TILES] = {"w2 gemm (sm90 large)", "w2 gemm (sm90 small)",
-                                             "w2 gemm (sm90 medium)", "w2 gemm (sm90 wide)"};
 
 typedef struct sci_moe {
     sci_object obj;
     sci_context *ctx;
     sc_moe_desc desc;
-    sc_moe_backend backend; /* resolved: MMA or SM90 */
-    int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
-    int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */
-    bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
-    sc_kernel kernels[K_COUNT];
+    sci_moe_config cfg; /* what the plans depend on: shape, backend, device, tuning */
+    sc_kernel kernels[SCI_MOE_K_COUNT];
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
-    sc_buffer ws[W_COUNT];
-    /* SM90: maps of the weights (made once) and of x_perm and h (made with the workspace). */
-    sc_tensor_map w13_map[N_TILES], w2_map[N_TILES], xperm_map[N_TILES], h_map[N_TILES];
+    sc_buffer ws[SCI_MOE_W_COUNT];
+    /* SM90: maps of the weights (made once) and of x_perm and h (made with the workspace),
+     * one per tile shape. */
+    sc_tensor_map w13_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
+    sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
 } sci_moe;
 
 static sc_status moe_destroy(uint64_t id, const char *fn);
@@ -121,7 +53,7 @@ static sc_status free_workspace(sci_moe *m, const char *fn)
 {
     sc_status first = SC_OK;
     char *message = NULL;
-    for (int i = 0; i < W_COUNT; i++) {
+    for (int i = 0; i < SCI_MOE_W_COUNT; i++) {
         if (m->ws[i].id) {
             sc_status s = sci_buffer_destroy(m->ws[i].id, fn);
             if (s != SC_OK && first == SC_OK) {
@@ -156,55 +88,22 @@ static sc_status encode_map(sc_buffer b, uint64_t rows, uint64_t cols, uint32_t 
                                 map);
 }
 
-/* Rows of router logits for up to `tokens` tokens: the split router keeps one [T, E] slice
- * per split of H. */
-static uint64_t logit_rows(uint64_t tokens)
-{
-    uint64_t split_rows = (tokens < SC_MOE_ROUTER_SPLIT_MAX_T ? tokens : SC_MOE_ROUTER_SPLIT_MAX_T) *
-                          SC_MOE_ROUTER_MAX_SPLIT;
-    return tokens > split_rows ? tokens : split_rows;
-}
-
 /* (Re)allocate the workspace for `tokens` tokens on stream (stream-ordered). */
 static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, const char *fn)
 {
-    const uint64_t E = (uint64_t)m->desc.experts, k = (uint64_t)m->desc.top_k;
-    const uint64_t H = (uint64_t)m->desc.hidden, I = (uint64_t)m->desc.intermediate;
-    uint64_t rows = tokens * k;
-    struct {
-        sc_dtype dtype;
-        uint64_t count;
-        const char *label;
-        bool zero;
-    } spec[W_COUNT] = {
-        [W_LOGITS] = {SC_F32, logit_rows(tokens) * E, "moe router logits", false},
-        [W_IDS] = {SC_I32, rows, "moe expert ids", false},
-        [W_WEIGHTS] = {SC_F32, rows, "moe routing weights", false},
-        [W_COUNTS] = {SC_I32, E, "moe expert counts", false},
-        [W_ROW_OFF] = {SC_I32, E + 1, "moe row offsets", false},
-        [W_TILE_OFF] = {SC_I32, E + 1, "moe tile offsets", false},
-        [W_CURSOR] = {SC_I32, E, "moe cursors", false},
-        [W_PERM_TOKEN] = {SC_I32, rows, "moe permuted tokens", false},
-        [W_PERM_WEIGHT] = {SC_F32, rows, "moe permuted weights", false},
-        [W_POS] = {SC_I32, rows, "moe positions", false},
-        [W_H] = {SC_BF16, rows * I, "moe h", false},
-        [W_Y] = {SC_BF16, rows * H, "moe y", false},
-        [W_NO_BIAS] = {SC_F32, 1, "moe no bias", false},
-        [W_XPERM] = {SC_BF16, m->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0,
-                     "moe x in expert order", false},
-        [W_TICKET] = {SC_U32, 1, "moe route ticket", true}, /* sc_moe_route_small resets it */
-    };
+    uint64_t count[SCI_MOE_W_COUNT];
+    sci_moe_workspace_counts(&m->cfg, tokens, count);
     sc_status freed = free_workspace(m, fn);
     if (freed != SC_OK)
         return freed;
-    for (int i = 0; i < W_COUNT; i++) {
-        if (spec[i].count == 0)
+    for (int i = 0; i < SCI_MOE_W_COUNT; i++) {
+        if (count[i] == 0)
             continue;
         sc_status s = sc_buffer_create_at((sc_context){m->ctx->obj.id},
-                                          &(sc_buffer_desc){.dtype = spec[i].dtype,
-                                                            .count = spec[i].count,
-                                                            .label = spec[i].label,
-                                                            .zero = spec[i].zero,
+                                          &(sc_buffer_desc){.dtype = sci_moe_workspace[i].dtype,
+                                                            .count = count[i],
+                                                            .label = sci_moe_workspace[i].label,
+                                                            .zero = sci_moe_workspace[i].zero,
                                                             .stream = stream},
                                           &m->ws[i], __FILE__, __LINE__);
         if (s != SC_OK) {
@@ -216,12 +115,14 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         }
         sci_buffer_set_internal(m->ws[i]);
     }
-    if (m->backend == SC_MOE_BACKEND_SM90) {
-        for (int t = 0; t < N_TILES; t++) {
-            sc_status s = encode_map(m->ws[W_XPERM], rows, H, (uint32_t)tile_shape[t].a_box,
-                                     &m->xperm_map[t]);
+    if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
+        const uint64_t rows = tokens * (uint64_t)m->cfg.top_k;
+        const uint64_t H = (uint64_t)m->cfg.hidden, I = (uint64_t)m->cfg.intermediate;
+        for (int t = 0; t < SCI_MOE_N_TILES; t++) {
+            const uint32_t a_box = (uint32_t)sci_moe_tiles[t].a_box;
+            sc_status s = encode_map(m->ws[SCI_MOE_W_XPERM], rows, H, a_box, &m->xperm_map[t]);
             if (s == SC_OK)
-                s = encode_map(m->ws[W_H], rows, I, (uint32_t)tile_shape[t].a_box, &m->h_map[t]);
+                s = encode_map(m->ws[SCI_MOE_W_H], rows, I, a_box, &m->h_map[t]);
             if (s != SC_OK) {
                 free_workspace_quietly(m, fn);
                 sci_error_append(" (while describing the workspace for %llu tokens)",
@@ -261,22 +162,17 @@ static sc_status check_weight(sc_buffer b, const char *what, sc_dtype dtype, uin
     return SC_OK;
 }
 
-sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
-                           const char *file, int line)
+/* Check the layer's shape and options (the dtype defaulted to bf16). */
+static sc_status check_desc(sc_moe_desc *d, const char *fn)
 {
-    static const char fn[] = "sc_moe_create";
-    SCI_CHECK_PTR(fn, layer);
-    layer->id = 0;
-    SCI_CHECK_PTR(fn, desc);
-    sc_moe_desc d = *desc;
-    if (d.dtype == SC_DTYPE_INVALID)
-        d.dtype = SC_BF16;
-    if ((unsigned)d.backend > SC_MOE_BACKEND_SM90)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d.backend);
-    const int E = d.experts, k = d.top_k, H = d.hidden, I = d.intermediate;
-    if (d.dtype != SC_BF16)
+    if (d->dtype == SC_DTYPE_INVALID)
+        d->dtype = SC_BF16;
+    if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d->backend);
+    const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
+    if (d->dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
-                        sc_dtype_name(d.dtype));
+                        sc_dtype_name(d->dtype));
     if (E < 1 || E > SC_MOE_MAX_EXPERTS)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "experts = %d (1 .. %d)", E,
                         SC_MOE_MAX_EXPERTS);
@@ -289,44 +185,111 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     if (I <= 0 || I % SC_MOE_ALIGN)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "intermediate = %d: the kernels need a "
                         "positive multiple of %d", I, SC_MOE_ALIGN);
-    if (d.scoring != SC_MOE_SOFTMAX && d.scoring != SC_MOE_SIGMOID)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d.scoring);
+    if (d->scoring != SC_MOE_SOFTMAX && d->scoring != SC_MOE_SIGMOID)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d->scoring);
+    return SC_OK;
+}
 
-    sci_context *c = NULL;
-    sc_status s = sci_context_acquire(ctx, fn, &c);
-    if (s != SC_OK)
-        return s;
+/* Resolve the backend for the context's device (AUTO: SM90 on 9.0, MMA elsewhere), or
+ * refuse the device. */
+static sc_status resolve_backend(sc_moe_desc *d, const sci_context *c, const char *fn)
+{
     const bool sm90 = c->props.cc_major == 9 && c->props.cc_minor == 0;
-    if (d.backend == SC_MOE_BACKEND_AUTO)
-        d.backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
-    if (d.backend == SC_MOE_BACKEND_SM90 && !sm90) {
-        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability 9.0; "
-                     "device %d is %d.%d", c->device, c->props.cc_major, c->props.cc_minor);
-        sci_context_release(c);
-        return s;
-    }
-    if (c->props.cc_major < 8) {
-        s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
-                     "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
-                     c->props.cc_major, c->props.cc_minor);
-        sci_context_release(c);
-        return s;
-    }
+    if (d->backend == SC_MOE_BACKEND_AUTO)
+        d->backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
+    if (d->backend == SC_MOE_BACKEND_SM90 && !sm90)
+        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability "
+                        "9.0; device %d is %d.%d", c->device, c->props.cc_major,
+                        c->props.cc_minor);
+    if (c->props.cc_major < 8)
+        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
+                        "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
+                        c->props.cc_major, c->props.cc_minor);
+    return SC_OK;
+}
+
+/* The weights' dtypes and element counts. */
+static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char *fn)
+{
+    const int E = d->experts, H = d->hidden, I = d->intermediate;
     char shape[96];
     snprintf(shape, sizeof shape, "[E=%d, H=%d]", E, H);
-    s = check_weight(d.router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
+    sc_status s = check_weight(d->router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
     if (s == SC_OK) {
         snprintf(shape, sizeof shape, "[E=%d, 2I=%d, H=%d]", E, 2 * I, H);
-        s = check_weight(d.w13, "w13", SC_BF16, (uint64_t)E * 2 * I * H, shape, c, fn);
+        s = check_weight(d->w13, "w13", SC_BF16, (uint64_t)E * 2 * I * H, shape, c, fn);
     }
     if (s == SC_OK) {
         snprintf(shape, sizeof shape, "[E=%d, H=%d, I=%d]", E, H, I);
-        s = check_weight(d.w2, "w2", SC_BF16, (uint64_t)E * H * I, shape, c, fn);
+        s = check_weight(d->w2, "w2", SC_BF16, (uint64_t)E * H * I, shape, c, fn);
     }
-    if (s == SC_OK && d.selection_bias.id) {
+    if (s == SC_OK && d->selection_bias.id) {
         snprintf(shape, sizeof shape, "[E=%d]", E);
-        s = check_weight(d.selection_bias, "selection_bias", SC_F32, (uint64_t)E, shape, c, fn);
+        s = check_weight(d->selection_bias, "selection_bias", SC_F32, (uint64_t)E, shape, c, fn);
     }
+    return s;
+}
+
+/* What the plans depend on: the layer's shape and backend, the device, and the tuning
+ * knobs SAFECUDA_MOE_TILE=small|medium|large|wide (fixes the SM90 tile shape),
+ * SAFECUDA_MOE_PDL=0 (no programmatic launches) and SAFECUDA_MOE_GROUP_M=n (1 .. 1024). */
+static sci_moe_config layer_config(const sc_moe_desc *d, const sci_context *c)
+{
+    sci_moe_config cfg = {.experts = d->experts, .top_k = d->top_k, .hidden = d->hidden,
+                          .intermediate = d->intermediate, .backend = d->backend,
+                          .sm_count = c->props.sm_count};
+    cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
+    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
+    cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
+    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
+    cfg.group_override = group_env ? atoi(group_env) : 0;
+    if (cfg.group_override < 0 || cfg.group_override > 1024)
+        cfg.group_override = 0;
+    return cfg;
+}
+
+/* The backend's kernels, and on SM90 the tensor maps of the weights, one per tile shape. */
+static sc_status load_kernels(sci_moe *m, const char *fn)
+{
+    sc_status s = SC_OK;
+    for (int i = 0; i < SCI_MOE_K_COUNT && s == SC_OK; i++) {
+        const sci_moe_kernel_info *ki = &sci_moe_kernels[i];
+        if (ki->backend && ki->backend != m->cfg.backend)
+            continue;
+        s = sci_builtin_kernel(m->ctx, ki->file, ki->name, fn, &m->kernels[i]);
+        if (s == SC_OK && ki->smem > 48 * 1024)
+            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
+    }
+    const sc_moe_desc *d = &m->desc;
+    const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
+    const uint64_t I = (uint64_t)d->intermediate;
+    for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90;
+         t++) {
+        const uint32_t bn = (uint32_t)sci_moe_tiles[t].bn;
+        s = encode_map(d->w13, E * 2 * I, H, bn / 2, &m->w13_map[t]);
+        if (s == SC_OK)
+            s = encode_map(d->w2, E * H, I, bn, &m->w2_map[t]);
+    }
+    return s;
+}
+
+sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
+                           const char *file, int line)
+{
+    static const char fn[] = "sc_moe_create";
+    SCI_CHECK_PTR(fn, layer);
+    layer->id = 0;
+    SCI_CHECK_PTR(fn, desc);
+    sc_moe_desc d = *desc;
+    sc_status s = check_desc(&d, fn);
+    if (s != SC_OK)
+        return s;
+    sci_context *c = NULL;
+    if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
+        return s;
+    s = resolve_backend(&d, c, fn);
+    if (s == SC_OK)
+        s = check_weights(&d, c, fn);
     sci_moe *m = NULL;
     if (s == SC_OK && !(m = calloc(1, sizeof *m)))
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -337,36 +300,9 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->ctx = c;
     m->desc = d;
     m->desc.label = NULL;
-    m->backend = d.backend;
-    /* A tuning knob: SAFECUDA_MOE_TILE=small|medium|large fixes the SM90 tile shape. */
-    const char *tile_env = getenv("SAFECUDA_MOE_TILE");
-    m->tile_override = -1;
-    for (int t = 0; t < N_TILES && tile_env; t++)
-        if (strcmp(tile_env, tile_shape[t].name) == 0)
-            m->tile_override = t;
-    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
-    m->pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
-    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
-    m->group_override = group_env ? atoi(group_env) : 0;
-    if (m->group_override < 0 || m->group_override > 1024)
-        m->group_override = 0;
+    m->cfg = layer_config(&d, c);
     pthread_mutex_init(&m->lock, NULL);
-    for (int i = 0; i < K_COUNT && s == SC_OK; i++) {
-        if (kernel_table[i].backend && kernel_table[i].backend != (int)m->backend)
-            continue;
-        s = sci_builtin_kernel(c, kernel_table[i].file, kernel_table[i].name, fn, &m->kernels[i]);
-        if (s == SC_OK && kernel_table[i].smem > 48 * 1024)
-            s = sc_kernel_set_max_dynamic_shared(m->kernels[i], kernel_table[i].smem);
-    }
-    if (s == SC_OK && m->backend == SC_MOE_BACKEND_SM90) {
-        for (int t = 0; t < N_TILES && s == SC_OK; t++) {
-            int bn = tile_shape[t].bn;
-            s = encode_map(d.w13, (uint64_t)E * 2 * I, (uint64_t)H, (uint32_t)bn / 2,
-                           &m->w13_map[t]);
-            if (s == SC_OK)
-                s = encode_map(d.w2, (uint64_t)E * H, (uint64_t)I, (uint32_t)bn, &m->w2_map[t]);
-        }
-    }
+    s = load_kernels(m, fn);
     if (s == SC_OK)
         s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
     if (s == SC_OK)
@@ -408,7 +344,7 @@ sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
     sci_moe *m = (sci_moe *)obj;
     pthread_mutex_lock(&m->lock);
     uint64_t total = 0;
-    for (int i = 0; i < W_COUNT; i++) {
+    for (int i = 0; i < SCI_MOE_W_COUNT; i++) {
         sc_buffer_props p;
         if (m->ws[i].id && sc_buffer_info(m->ws[i], &p) == SC_OK)
             total += p.bytes;
@@ -420,8 +356,6 @@ sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
 }
 
 static sc_view whole(sc_buffer b) { return sc_view_of(b); }
-
-static uint32_t ceil_div(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }
 
 /* The steps of a forward, timed when a profile is asked for: an event before each step and
  * one after the last. */
@@ -471,24 +405,242 @@ static sc_status steps_finish(steps *st, sc_status s)
     return s;
 }
 
-/* M tiles per group of the SM90 schedule for A rows of K bf16 in tiles of bm rows. */
-static int sm90_group_m(const sci_moe *m, int bm, int K)
+/* Check x and out: bf16, the same shape [T, H], 16-byte aligned rows, not overlapping, T
+ * within what one forward takes. Their views (with SC_WHOLE resolved) and T come back. */
+static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
+                          sc_view *xv, sc_view *ov, uint64_t *T)
 {
-    if (m->group_override > 0)
-        return m->group_override;
-    uint64_t g = SC_MOE_SM90_GROUP_BYTES / ((uint64_t)bm * (uint64_t)K * 2);
-    return g < 1 ? 1 : g > SC_MOE_SM90_GROUP_M_MAX ? SC_MOE_SM90_GROUP_M_MAX : (int)g;
+    const int H = m->desc.hidden;
+    sc_buffer_props xp, op;
+    sc_status s;
+    if ((s = sc_buffer_view(x.buffer, x.offset, x.count, xv)) != SC_OK ||
+        (s = sc_buffer_view(out.buffer, out.offset, out.count, ov)) != SC_OK ||
+        (s = sc_buffer_info(x.buffer, &xp)) != SC_OK ||
+        (s = sc_buffer_info(out.buffer, &op)) != SC_OK)
+        return s;
+    if (xp.dtype != SC_BF16 || op.dtype != SC_BF16)
+        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "x is %s and out is %s; both must be bf16",
+                        sc_dtype_name(xp.dtype), sc_dtype_name(op.dtype));
+    if (xv->count == 0 || xv->count % (uint64_t)H || ov->count != xv->count)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "x has %llu elements and out %llu: both must be T x H with H = %d, "
+                        "T >= 1",
+                        (unsigned long long)xv->count, (unsigned long long)ov->count, H);
+    if (xv->offset % SC_MOE_ALIGN || ov->offset % SC_MOE_ALIGN)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "x starts at element %llu and out at %llu of their buffers: the "
+                        "kernels read and write 16-byte vectors, so both must start at a "
+                        "multiple of %d",
+                        (unsigned long long)xv->offset, (unsigned long long)ov->offset,
+                        SC_MOE_ALIGN);
+    if (x.buffer.id == out.buffer.id && xv->offset < ov->offset + ov->count &&
+        ov->offset < xv->offset + xv->count)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out overlaps x");
+    *T = xv->count / (uint64_t)H;
+    if (!sci_moe_tokens_fit(&m->cfg, *T))
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "T = %llu tokens is too many for one forward", (unsigned long long)*T);
+    return SC_OK;
 }
 
-/* The tile shape of the SM90 GEMMs for T tokens: the small tile while the average expert
- * gets few rows (decode), where weight streaming decides, the large one otherwise. */
-static int sm90_tile_for(const sci_moe *m, uint64_t T)
+/* A forward being issued: the layer (its workspace locked), the plan, the stream, the
+ * checked views of x and out, the selection bias (or the workspace's zero bias), and
+ * the profile's steps. */
+typedef struct forward {
+    const sci_moe *m;
+    const sci_moe_plan *p;
+    sc_stream stream;
+    sc_view x, out, bias;
+    steps *st;
+} forward;
+
+/* The whole of workspace buffer w. */
+static sc_view ws(const forward *f, sci_moe_ws w) { return sc_view_of(f->m->ws[w]); }
+
+/* Routing in one launch, then (SM90, when it doesn't gather) x into expert order. */
+static sc_status issue_route_small(const forward *f)
 {
+    const sc_moe_desc *d = &f->m->desc;
+    const sci_moe_plan *p = f->p;
+    const sc_kernel *kn = f->m->kernels;
+    const bool sm90 = f->m->cfg.backend == SC_MOE_BACKEND_SM90;
+    sc_status s;
+    if ((s = step(f->st, "route (small T)")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_ROUTE_SMALL], &p->route, sc_arg_in(f->x),
+                       sc_arg_in(whole(d->router)), sc_arg_in(f->bias),
+                       sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_out(ws(f, SCI_MOE_W_IDS)),
+                       sc_arg_out(ws(f, SCI_MOE_W_WEIGHTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)),
+                       sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
+                       sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
+                       sc_arg_out(ws(f, sm90 ? SCI_MOE_W_XPERM : SCI_MOE_W_H)),
+                       sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32((int32_t)p->tokens),
+                       sc_arg_i32(d->experts), sc_arg_i32(d->top_k), sc_arg_i32(d->hidden),
+                       sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
+                       sc_arg_i32(d->selection_bias.id != 0),
+                       sc_arg_i32(p->route_gathers))) != SC_OK)
+        return s;
+    if (p->gather.grid.x == 0)
+        return SC_OK;
+    if ((s = step(f->st, "gather x")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER], &p->gather,
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(f->x),
+                       sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32((int32_t)p->rows),
+                       sc_arg_i32(d->hidden))) != SC_OK)
+        return s;
+    return SC_OK;
+}
+
+/* The permutation into expert order (rows grouped by expert), and on SM90 x gathered
+ * into that order with it. */
+static sc_status issue_scatter(const forward *f)
+{
+    const sci_moe_plan *p = f->p;
+    const sc_kernel *kn = f->m->kernels;
+    const int32_t T = (int32_t)p->tokens, k = f->m->desc.top_k;
+    sc_status s;
+    if (f->m->cfg.backend == SC_MOE_BACKEND_SM90) {
+        if ((s = step(f->st, "scatter + gather x")) != SC_OK ||
+            (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER_GATHER], &p->scatter,
+                           sc_arg_in(ws(f, SCI_MOE_W_IDS)), sc_arg_in(ws(f, SCI_MOE_W_WEIGHTS)),
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                           sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
+                           sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
+                           sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)),
+                           sc_arg_out(ws(f, SCI_MOE_W_POS)), sc_arg_in(f->x),
+                           sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32(T), sc_arg_i32(k),
+                           sc_arg_i32(f->m->desc.hidden))) != SC_OK)
+            return s;
+        return SC_OK;
+    }
+    if ((s = step(f->st, "scatter")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER], &p->scatter,
+                       sc_arg_in(ws(f, SCI_MOE_W_IDS)), sc_arg_in(ws(f, SCI_MOE_W_WEIGHTS)),
+                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
+                       sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
+                       sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
+                       sc_arg_i32(T), sc_arg_i32(k))) != SC_OK)
+        return s;
+    return SC_OK;
+}
+
+/* Routing in steps: expert counts zeroed, router GEMM (split over H), scores and top-k
+ * (counting the rows of each expert), offsets, then the scatter. */
+static sc_status issue_route(const forward *f)
+{
+    const sc_moe_desc *d = &f->m->desc;
+    const sci_moe_plan *p = f->p;
+    const sc_kernel *kn = f->m->kernels;
+    const int32_t T = (int32_t)p->tokens, zero = 0;
+    sc_status s;
+    if ((s = step(f->st, "zero counts")) != SC_OK ||
+        (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
+        return s;
+    if ((s = step(f->st, "router gemm")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_ROUTER], &p->router, sc_arg_in(f->x),
+                       sc_arg_in(whole(d->router)), sc_arg_out(ws(f, SCI_MOE_W_LOGITS)),
+                       sc_arg_i32(T), sc_arg_i32(d->experts), sc_arg_i32(d->hidden),
+                       sc_arg_i32(p->router_k_chunk))) != SC_OK)
+        return s;
+    if ((s = step(f->st, "scores + top-k")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_TOPK], &p->topk,
+                       sc_arg_in(ws(f, SCI_MOE_W_LOGITS)), sc_arg_in(f->bias),
+                       sc_arg_out(ws(f, SCI_MOE_W_IDS)), sc_arg_out(ws(f, SCI_MOE_W_WEIGHTS)),
+                       sc_arg_inout(ws(f, SCI_MOE_W_COUNTS)), sc_arg_i32(T),
+                       sc_arg_i32(d->experts), sc_arg_i32(d->top_k),
+                       sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
+                       sc_arg_i32(d->selection_bias.id != 0),
+                       sc_arg_i32(p->router_splits))) != SC_OK)
+        return s;
+    if ((s = step(f->st, "offsets")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_OFFSETS], &p->offsets,
+                       sc_arg_in(ws(f, SCI_MOE_W_COUNTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)), sc_arg_out(ws(f, SCI_MOE_W_CURSOR)),
+                       sc_arg_i32(d->experts))) != SC_OK)
+        return s;
+    return issue_scatter(f);
+}
+
+/* The expert GEMMs in the plan's kernels: h = silu(x W1^T) * (x W3^T), then y = weight *
+ * (h W2^T), rows in expert order. SM90 reads A and B through tensor maps of the plan's
+ * tile shape; MMA reads x through the permutation. */
+static sc_status issue_gemms(const forward *f)
+{
+    const sci_moe *m = f->m;
     const sc_moe_desc *d = &m->desc;
-    if (m->tile_override >= 0)
-        return m->tile_override;
-    uint64_t rows_per_expert = T * (uint64_t)d->top_k / (uint64_t)d->experts;
-    return rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS ? TILE_S : TILE_L;
+    const sci_moe_plan *p = f->p;
+    const int E = d->experts, H = d->hidden, I = d->intermediate, t = p->tile;
+    sc_status s;
+    if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
+        if ((s = step(f->st, p->step13)) != SC_OK ||
+            (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
+                           sc_arg_tensor_map_in(&m->xperm_map[t]),
+                           sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(ws(f, SCI_MOE_W_H)),
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(I),
+                           sc_arg_i32(H), sc_arg_i32(p->group_m13))) != SC_OK)
+            return s;
+        if ((s = step(f->st, p->step2)) != SC_OK ||
+            (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2,
+                           sc_arg_tensor_map_in(&m->h_map[t]),
+                           sc_arg_tensor_map_in(&m->w2_map[t]),
+                           sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_Y)),
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(H),
+                           sc_arg_i32(I), sc_arg_i32(p->group_m2))) != SC_OK)
+            return s;
+        return SC_OK;
+    }
+    if ((s = step(f->st, p->step13)) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13, sc_arg_in(f->x),
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(whole(d->w13)),
+                       sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)),
+                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(I),
+                       sc_arg_i32(H))) != SC_OK)
+        return s;
+    if ((s = step(f->st, p->step2)) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2, sc_arg_in(ws(f, SCI_MOE_W_H)),
+                       sc_arg_in(whole(d->w2)), sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)),
+                       sc_arg_out(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)),
+                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(H),
+                       sc_arg_i32(I))) != SC_OK)
+        return s;
+    return SC_OK;
+}
+
+/* out = the weighted sum of each token's expert outputs; then the optional copies of the
+ * chosen experts and their weights. */
+static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts)
+{
+    const sci_moe_plan *p = f->p;
+    sc_status s;
+    if ((s = step(f->st, "combine")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_COMBINE], &p->combine,
+                       sc_arg_in(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_POS)),
+                       sc_arg_out(f->out), sc_arg_i32((int32_t)p->tokens),
+                       sc_arg_i32(f->m->desc.top_k), sc_arg_i32(f->m->desc.hidden))) != SC_OK)
+        return s;
+    sc_view src;
+    if (opts && opts->expert_ids.buffer.id &&
+        ((s = sc_buffer_view(f->m->ws[SCI_MOE_W_IDS], 0, p->rows, &src)) != SC_OK ||
+         (s = sc_copy(f->stream, opts->expert_ids, src)) != SC_OK))
+        return s;
+    if (opts && opts->expert_weights.buffer.id &&
+        ((s = sc_buffer_view(f->m->ws[SCI_MOE_W_WEIGHTS], 0, p->rows, &src)) != SC_OK ||
+         (s = sc_copy(f->stream, opts->expert_weights, src)) != SC_OK))
+        return s;
+    return SC_OK;
+}
+
+/* The plan's launches in order, on the workspace (locked, large enough). */
+static sc_status issue(forward *f, const sc_moe_forward_desc *opts)
+{
+    const sc_moe_desc *d = &f->m->desc;
+    f->bias = d->selection_bias.id ? whole(d->selection_bias) : ws(f, SCI_MOE_W_NO_BIAS);
+    sc_status s = f->p->route_small ? issue_route_small(f) : issue_route(f);
+    if (s == SC_OK)
+        s = issue_gemms(f);
+    if (s == SC_OK)
+        s = issue_combine(f, opts);
+    return s;
 }
 
 sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
@@ -500,243 +652,20 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     if (s != SC_OK)
         return s;
     sci_moe *m = (sci_moe *)obj;
-    const sc_moe_desc *d = &m->desc;
-    const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
     steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
-
-    /* Check x and out: bf16, same shape [T, H], 16-byte aligned rows. */
-    sc_view xv, ov;
-    sc_buffer_props xp, op;
+    sci_moe_plan plan;
+    forward f = {.m = m, .p = &plan, .stream = stream, .st = &st};
     uint64_t T = 0;
-    if ((s = sc_buffer_view(x.buffer, x.offset, x.count, &xv)) != SC_OK ||
-        (s = sc_buffer_view(out.buffer, out.offset, out.count, &ov)) != SC_OK ||
-        (s = sc_buffer_info(x.buffer, &xp)) != SC_OK ||
-        (s = sc_buffer_info(out.buffer, &op)) != SC_OK)
-        goto done;
-    if (xp.dtype != SC_BF16 || op.dtype != SC_BF16) {
-        s = sci_fail(SC_ERR_TYPE_MISMATCH, fn, "x is %s and out is %s; both must be bf16",
-                     sc_dtype_name(xp.dtype), sc_dtype_name(op.dtype));
-        goto done;
+    if ((s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK) {
+        sci_moe_plan_make(&m->cfg, T, &plan);
+        pthread_mutex_lock(&m->lock);
+        const uint64_t grow = sci_moe_workspace_grow(m->capacity, T);
+        if (grow)
+            s = grow_workspace(m, grow, stream, fn);
+        if (s == SC_OK)
+            s = issue(&f, opts);
+        pthread_mutex_unlock(&m->lock);
     }
-    if (xv.count == 0 || xv.count % (uint64_t)H || ov.count != xv.count) {
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                     "x has %llu elements and out %llu: both must be T x H with H = %d, T >= 1",
-                     (unsigned long long)xv.count, (unsigned long long)ov.count, H);
-        goto done;
-    }
-    if (xv.offset % SC_MOE_ALIGN || ov.offset % SC_MOE_ALIGN) {
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                     "x starts at element %llu and out at %llu of their buffers: the kernels "
-                     "read and write 16-byte vectors, so both must start at a multiple of %d",
-                     (unsigned long long)xv.offset, (unsigned long long)ov.offset,
-                     SC_MOE_ALIGN);
-        goto done;
-    }
-    if (x.buffer.id == out.buffer.id && xv.offset < ov.offset + ov.count &&
-        ov.offset < xv.offset + xv.count) {
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out overlaps x");
-        goto done;
-    }
-    T = xv.count / (uint64_t)H;
-    if (T * (uint64_t)k / SC_MOE_BM + (uint64_t)E > 2000000000ull || T > 0x7fffffffull / k ||
-        T * (uint64_t)k * (uint64_t)(H > I ? H : I) > (1ull << 46)) {
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "T = %llu tokens is too many for one forward",
-                     (unsigned long long)T);
-        goto done;
-    }
-
-    pthread_mutex_lock(&m->lock);
-    if (T > m->capacity) {
-        uint64_t want = m->capacity * 2 > T ? m->capacity * 2 : T;
-        s = grow_workspace(m, want, stream, fn);
-        if (s != SC_OK) {
-            pthread_mutex_unlock(&m->lock);
-            goto done;
-        }
-    }
-    sc_buffer *ws = m->ws;
-    const uint64_t rows = T * (uint64_t)k;
-    const int32_t zero = 0;
-    sc_kernel *kn = m->kernels;
-    const bool sm90 = m->backend == SC_MOE_BACKEND_SM90;
-    sc_view bias = d->selection_bias.id ? whole(d->selection_bias) : whole(ws[W_NO_BIAS]);
-    uint32_t max_m_tiles = ceil_div(rows, SC_MOE_BM) + (uint32_t)E;
-    /* For few tokens (decode) every kernel of the forward is a programmatic dependent launch:
-     * each waits (griddepcontrol.wait) before it touches memory, so its launch overlaps the
-     * tail of the kernel before it, microseconds that matter when the whole forward takes
-     * tens of them. SAFECUDA_MOE_PDL=0 turns it off (for comparisons). The router splits H
-     * while its output tiles leave SMs idle. */
-    const bool pdl = T <= SC_MOE_PDL_MAX_T && m->pdl;
-    const uint64_t router_tiles = (uint64_t)ceil_div(T, SC_MOE_BM) * ceil_div((uint64_t)E, SC_MOE_BN);
-    uint64_t splits = 1;
-    if (T <= SC_MOE_ROUTER_SPLIT_MAX_T) {
-        splits = (uint64_t)m->ctx->props.sm_count / router_tiles;
-        if (splits > SC_MOE_ROUTER_MAX_SPLIT)
-            splits = SC_MOE_ROUTER_MAX_SPLIT;
-        if (splits > (uint64_t)H / SC_MOE_ROUTER_MIN_K)
-            splits = (uint64_t)H / SC_MOE_ROUTER_MIN_K;
-        if (splits < 1)
-            splits = 1;
-    }
-    const uint64_t k_chunk = ((uint64_t)ceil_div((uint64_t)H, splits) + SC_MOE_BK - 1) /
-                             SC_MOE_BK * SC_MOE_BK;
-    splits = ceil_div((uint64_t)H, k_chunk);
-    sc_launch_desc gemm_router = {{ceil_div(T, SC_MOE_BM), ceil_div((uint64_t)E, SC_MOE_BN),
-                                   (uint32_t)splits},
-                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
-    sc_launch_desc topk = {{ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1},
-                           {32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 1, 1}, 0, pdl};
-    sc_launch_desc one_block = {{1, 1, 1}, {SC_MOE_MAX_EXPERTS, 1, 1}, 0, pdl};
-    sc_launch_desc combine = {{(uint32_t)T, 1, 1}, {SC_MOE_COMBINE_THREADS, 1, 1}, 0, pdl};
-
-    const bool route_small = T <= SC_MOE_ROUTE_SMALL_MAX_T;
-    if (route_small) {
-        /* One launch: logits, top-k, offsets, permutation (and x in expert order). */
-        const bool gather_here =
-            sm90 && rows * (uint64_t)H * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
-        sc_launch_desc route = {{ceil_div((uint64_t)E, SC_MOE_ROUTE_EXPERTS), 1, 1},
-                                {SC_MOE_ROUTE_THREADS, 1, 1}, 0, pdl};
-        if ((s = step(&st, "route (small T)")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_ROUTE_SMALL], &route, sc_arg_in(xv),
-                           sc_arg_in(whole(d->router)), sc_arg_in(bias),
-                           sc_arg_out(whole(ws[W_LOGITS])), sc_arg_out(whole(ws[W_IDS])),
-                           sc_arg_out(whole(ws[W_WEIGHTS])), sc_arg_out(whole(ws[W_ROW_OFF])),
-                           sc_arg_out(whole(ws[W_TILE_OFF])),
-                           sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                           sc_arg_out(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_POS])),
-                           sc_arg_out(whole(sm90 ? ws[W_XPERM] : ws[W_H])),
-                           sc_arg_inout(whole(ws[W_TICKET])), sc_arg_i32((int32_t)T),
-                           sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(H),
-                           sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
-                           sc_arg_i32(d->selection_bias.id != 0), sc_arg_i32(gather_here))) !=
-                SC_OK)
-            goto unlock;
-        if (sm90 && !gather_here) {
-            sc_launch_desc g = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
-                                {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, pdl};
-            if ((s = step(&st, "gather x")) != SC_OK ||
-                (s = SC_LAUNCH(stream, kn[K_GATHER], &g, sc_arg_in(whole(ws[W_PERM_TOKEN])),
-                               sc_arg_in(xv), sc_arg_out(whole(ws[W_XPERM])),
-                               sc_arg_i32((int32_t)rows), sc_arg_i32(H))) != SC_OK)
-                goto unlock;
-        }
-    } else {
-        if ((s = step(&st, "zero counts")) != SC_OK ||
-            (s = sc_fill(stream, whole(ws[W_COUNTS]), &zero)) != SC_OK)
-            goto unlock;
-        if ((s = step(&st, "router gemm")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_ROUTER], &gemm_router, sc_arg_in(xv),
-                           sc_arg_in(whole(d->router)), sc_arg_out(whole(ws[W_LOGITS])),
-                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(H),
-                           sc_arg_i32((int32_t)k_chunk))) != SC_OK)
-            goto unlock;
-        if ((s = step(&st, "scores + top-k")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_TOPK], &topk, sc_arg_in(whole(ws[W_LOGITS])),
-                           sc_arg_in(bias), sc_arg_out(whole(ws[W_IDS])),
-                           sc_arg_out(whole(ws[W_WEIGHTS])), sc_arg_inout(whole(ws[W_COUNTS])),
-                           sc_arg_i32((int32_t)T), sc_arg_i32(E), sc_arg_i32(k),
-                           sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
-                           sc_arg_i32(d->selection_bias.id != 0), sc_arg_i32((int32_t)splits))) !=
-                SC_OK)
-            goto unlock;
-        if ((s = step(&st, "offsets")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_OFFSETS], &one_block, sc_arg_in(whole(ws[W_COUNTS])),
-                           sc_arg_out(whole(ws[W_ROW_OFF])), sc_arg_out(whole(ws[W_TILE_OFF])),
-                           sc_arg_out(whole(ws[W_CURSOR])), sc_arg_i32(E))) != SC_OK)
-            goto unlock;
-        if (sm90) {
-            sc_launch_desc scatter = {{ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1},
-                                      {32 * SC_MOE_SCATTER_WARPS, 1, 1}, 0, pdl};
-            if ((s = step(&st, "scatter + gather x")) != SC_OK ||
-                (s = SC_LAUNCH(stream, kn[K_SCATTER_GATHER], &scatter,
-                               sc_arg_in(whole(ws[W_IDS])), sc_arg_in(whole(ws[W_WEIGHTS])),
-                               sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_inout(whole(ws[W_CURSOR])),
-                               sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                               sc_arg_out(whole(ws[W_PERM_WEIGHT])),
-                               sc_arg_out(whole(ws[W_POS])), sc_arg_in(xv),
-                               sc_arg_out(whole(ws[W_XPERM])), sc_arg_i32((int32_t)T),
-                               sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
-                goto unlock;
-        } else {
-            sc_launch_desc scatter = {{ceil_div(rows, 256), 1, 1}, {256, 1, 1}, 0, pdl};
-            if ((s = step(&st, "scatter")) != SC_OK ||
-                (s = SC_LAUNCH(stream, kn[K_SCATTER], &scatter, sc_arg_in(whole(ws[W_IDS])),
-                               sc_arg_in(whole(ws[W_WEIGHTS])), sc_arg_in(whole(ws[W_ROW_OFF])),
-                               sc_arg_inout(whole(ws[W_CURSOR])),
-                               sc_arg_out(whole(ws[W_PERM_TOKEN])),
-                               sc_arg_out(whole(ws[W_PERM_WEIGHT])),
-                               sc_arg_out(whole(ws[W_POS])), sc_arg_i32((int32_t)T),
-                               sc_arg_i32(k))) != SC_OK)
-                goto unlock;
-        }
-    }
-    if (sm90) {
-        const int t = sm90_tile_for(m, T);
-        const int cons = tile_shape[t].cons, bn = tile_shape[t].bn, bm = 64 * cons;
-        const uint32_t max_ctas = (uint32_t)m->ctx->props.sm_count * (uint32_t)tile_shape[t].ctas_per_sm;
-        uint64_t m_tiles = rows / (uint64_t)bm + (uint64_t)E;
-        uint64_t tiles13 = m_tiles * ceil_div((uint64_t)I, (uint64_t)bn / 2);
-        uint64_t tiles2 = m_tiles * ceil_div((uint64_t)H, (uint64_t)bn);
-        sc_launch_desc g13 = {{(uint32_t)(tiles13 < max_ctas ? tiles13 : max_ctas), 1, 1},
-                              {(uint32_t)(128 * (cons + 1)), 1, 1},
-                              (uint32_t)kernel_table[tile_shape[t].k13].smem, pdl};
-        sc_launch_desc g2 = {{(uint32_t)(tiles2 < max_ctas ? tiles2 : max_ctas), 1, 1},
-                             {(uint32_t)(128 * (cons + 1)), 1, 1}, g13.shared_bytes, pdl};
-        if ((s = step(&st, step_w13[t])) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[tile_shape[t].k13], &g13,
-                           sc_arg_tensor_map_in(&m->xperm_map[t]),
-                           sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(whole(ws[W_H])),
-                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
-                           sc_arg_i32(H), sc_arg_i32(sm90_group_m(m, bm, H)))) != SC_OK)
-            goto unlock;
-        if ((s = step(&st, step_w2[t])) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[tile_shape[t].k2], &g2,
-                           sc_arg_tensor_map_in(&m->h_map[t]),
-                           sc_arg_tensor_map_in(&m->w2_map[t]),
-                           sc_arg_in(whole(ws[W_PERM_WEIGHT])), sc_arg_out(whole(ws[W_Y])),
-                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
-                           sc_arg_i32(I), sc_arg_i32(sm90_group_m(m, bm, I)))) != SC_OK)
-            goto unlock;
-    } else {
-        sc_launch_desc gemm_w13 = {{max_m_tiles, ceil_div((uint64_t)I, SC_MOE_BN / 2), 1},
-                                   {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
-        sc_launch_desc gemm_w2 = {{max_m_tiles, ceil_div((uint64_t)H, SC_MOE_BN), 1},
-                                  {SC_MOE_THREADS, 1, 1}, SC_MOE_SMEM_BYTES, pdl};
-        if ((s = step(&st, "w13 gemm (mma)")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_W13], &gemm_w13, sc_arg_in(xv),
-                           sc_arg_in(whole(ws[W_PERM_TOKEN])), sc_arg_in(whole(d->w13)),
-                           sc_arg_out(whole(ws[W_H])), sc_arg_in(whole(ws[W_TILE_OFF])),
-                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(I),
-                           sc_arg_i32(H))) != SC_OK)
-            goto unlock;
-        if ((s = step(&st, "w2 gemm (mma)")) != SC_OK ||
-            (s = SC_LAUNCH(stream, kn[K_W2], &gemm_w2, sc_arg_in(whole(ws[W_H])),
-                           sc_arg_in(whole(d->w2)), sc_arg_in(whole(ws[W_PERM_WEIGHT])),
-                           sc_arg_out(whole(ws[W_Y])), sc_arg_in(whole(ws[W_TILE_OFF])),
-                           sc_arg_in(whole(ws[W_ROW_OFF])), sc_arg_i32(E), sc_arg_i32(H),
-                           sc_arg_i32(I))) != SC_OK)
-            goto unlock;
-    }
-    if ((s = step(&st, "combine")) != SC_OK ||
-        (s = SC_LAUNCH(stream, kn[K_COMBINE], &combine, sc_arg_in(whole(ws[W_Y])),
-                       sc_arg_in(whole(ws[W_POS])), sc_arg_out(ov), sc_arg_i32((int32_t)T),
-                       sc_arg_i32(k), sc_arg_i32(H))) != SC_OK)
-        goto unlock;
-    if (opts && opts->expert_ids.buffer.id) {
-        sc_view src;
-        if ((s = sc_buffer_view(ws[W_IDS], 0, rows, &src)) != SC_OK ||
-            (s = sc_copy(stream, opts->expert_ids, src)) != SC_OK)
-            goto unlock;
-    }
-    if (opts && opts->expert_weights.buffer.id) {
-        sc_view src;
-        if ((s = sc_buffer_view(ws[W_WEIGHTS], 0, rows, &src)) != SC_OK ||
-            (s = sc_copy(stream, opts->expert_weights, src)) != SC_OK)
-            goto unlock;
-    }
-unlock:
-    pthread_mutex_unlock(&m->lock);
-done:
     s = steps_finish(&st, s);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);

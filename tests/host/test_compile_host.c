@@ -1,5 +1,6 @@
 /* Programs without a GPU: compile-only programs (the zero context and desc.arch) need only
- * NVRTC. Every embedded built-in kernel file for sm_80 and sm_90; compile errors (the
+ * NVRTC. Every embedded built-in kernel file for sm_80 and sm_90 (sm_90a for the files
+ * named *_sm90a.cu), each with every kernel the MoE layer loads from it; compile errors (the
  * file name and line in the message), missing and in-memory headers, name expressions
  * and their lowered names, argument checks, the disk cache (hits, misses on any change,
  * truncated, overwritten, emptied and foreign entries recompiled, four processes
@@ -21,6 +22,7 @@
 #include "../test.h"
 #include "core/registry.h"
 #include "launch/builtin.h"
+#include "moe/plan.h"
 
 static char cache_dir[256];
 
@@ -123,6 +125,34 @@ static void check_image(sc_program p, const sc_program_props *props, const char 
 
 /* ---- built-in kernels ---------------------------------------------------------------------- */
 
+/* The image holds the string (a kernel's name in the cubin's or PTX's symbols). */
+static bool image_has(sc_program p, const char *s)
+{
+    const void *img = NULL;
+    uint64_t bytes = 0;
+    if (sc_program_image(p, &img, &bytes) != SC_OK || !img)
+        return false;
+    const size_t n = strlen(s);
+    for (uint64_t i = 0; i + n <= bytes; i++)
+        if (memcmp((const char *)img + i, s, n) == 0)
+            return true;
+    return false;
+}
+
+/* Every kernel the MoE layer loads from this file is in its image. */
+static void check_moe_kernels(sc_program p, const char *file, int arch, bool sm90a)
+{
+    for (int i = 0; i < SCI_MOE_K_COUNT; i++) {
+        if (strcmp(sci_moe_kernels[i].file, file) != 0)
+            continue;
+        if (!image_has(p, sci_moe_kernels[i].name)) {
+            fprintf(stderr, "%s for sm_%d%s lacks the MoE kernel %s\n", file, arch,
+                    sm90a ? "a" : "", sci_moe_kernels[i].name);
+            test_failures++;
+        }
+    }
+}
+
 static void test_builtins(void)
 {
     CHECK(sci_builtin_count > 0);
@@ -160,11 +190,12 @@ static void test_builtins(void)
             double t0 = now_ms();
             if (!create(&d, &p, &props, name))
                 continue;
-            printf("  built-in %-22s sm_%d: %s, %7" PRIu64 " bytes, %8.1f ms%s\n", name,
-                   arches[a], props.is_ptx ? "PTX  " : "cubin", props.image_bytes,
-                   now_ms() - t0, props.from_cache ? " (cache)" : "");
+            printf("  built-in %-22s sm_%d%s: %s, %7" PRIu64 " bytes, %8.1f ms%s\n", name,
+                   arches[a], sm90a ? "a" : " ", props.is_ptx ? "PTX  " : "cubin",
+                   props.image_bytes, now_ms() - t0, props.from_cache ? " (cache)" : "");
             CHECK(props.arch == arches[a]);
             check_image(p, &props, name);
+            check_moe_kernels(p, name, arches[a], sm90a);
             destroy(p);
         }
 

@@ -1,0 +1,116 @@
+/* The MoE layer's plans (internal): which kernels a layer loads, the SM90 tile shapes, the
+ * workspace, and for a forward over T tokens every decision it makes (the routing path,
+ * tile shape, grids, schedule, programmatic launches, workspace bytes). The functions are
+ * pure: no driver, no allocation, no state, so the host tests call them directly and
+ * moe.c only issues what they decide. Tuning constants: kernels/moe/moe_config.cuh. */
+#ifndef SAFECUDA_MOE_PLAN_H
+#define SAFECUDA_MOE_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "safecuda/moe.h"
+
+/* The kernels of kernels/moe/ the layer uses. */
+typedef enum sci_moe_kernel {
+    SCI_MOE_K_ROUTER, SCI_MOE_K_TOPK, SCI_MOE_K_OFFSETS, SCI_MOE_K_SCATTER, SCI_MOE_K_COMBINE,
+    SCI_MOE_K_W13, SCI_MOE_K_W2, /* MMA backend */
+    SCI_MOE_K_SCATTER_GATHER, SCI_MOE_K_W13_L, SCI_MOE_K_W2_L, SCI_MOE_K_W13_S,
+    SCI_MOE_K_W2_S, /* SM90 backend */
+    SCI_MOE_K_ROUTE_SMALL, SCI_MOE_K_GATHER, SCI_MOE_K_W13_M, SCI_MOE_K_W2_M, SCI_MOE_K_W13_W,
+    SCI_MOE_K_W2_W,
+    SCI_MOE_K_COUNT
+} sci_moe_kernel;
+
+typedef struct sci_moe_kernel_info {
+    const char *file, *name;
+    sc_moe_backend backend; /* the backend that uses it; SC_MOE_BACKEND_AUTO: both */
+    int smem;               /* dynamic shared memory its launches ask for */
+} sci_moe_kernel_info;
+
+extern const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT];
+
+/* The SM90 GEMMs' tile shapes, each with its pair of kernels and the tensor maps they read
+ * through (boxes of a_box rows of A, bn/2 rows of W13, bn rows of W2). */
+typedef enum sci_moe_tile {
+    SCI_MOE_TILE_LARGE, SCI_MOE_TILE_SMALL, SCI_MOE_TILE_MEDIUM, SCI_MOE_TILE_WIDE,
+    SCI_MOE_N_TILES
+} sci_moe_tile;
+
+typedef struct sci_moe_tile_info {
+    int cons, bn, a_box, ctas_per_sm;
+    sci_moe_kernel k13, k2;
+    const char *name;           /* as SAFECUDA_MOE_TILE names it */
+    const char *step13, *step2; /* the GEMMs' profile step names */
+} sci_moe_tile_info;
+
+extern const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES];
+
+/* The tile shape called name ("small", ...), or -1. */
+int sci_moe_tile_named(const char *name);
+
+/* The workspace buffers, sized for a number of tokens (the capacity). */
+typedef enum sci_moe_ws {
+    SCI_MOE_W_LOGITS, SCI_MOE_W_IDS, SCI_MOE_W_WEIGHTS, SCI_MOE_W_COUNTS, SCI_MOE_W_ROW_OFF,
+    SCI_MOE_W_TILE_OFF, SCI_MOE_W_CURSOR, SCI_MOE_W_PERM_TOKEN, SCI_MOE_W_PERM_WEIGHT,
+    SCI_MOE_W_POS, SCI_MOE_W_H, SCI_MOE_W_Y, SCI_MOE_W_NO_BIAS, SCI_MOE_W_XPERM,
+    SCI_MOE_W_TICKET,
+    SCI_MOE_W_COUNT
+} sci_moe_ws;
+
+typedef struct sci_moe_ws_info {
+    sc_dtype dtype;
+    const char *label;
+    bool zero; /* zeroed when created */
+} sci_moe_ws_info;
+
+extern const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT];
+
+/* What the plans depend on besides T, fixed when the layer is created. */
+typedef struct sci_moe_config {
+    int experts, top_k, hidden, intermediate; /* E, k, H, I */
+    sc_moe_backend backend; /* resolved: MMA or SM90 */
+    int sm_count;           /* the device's */
+    int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
+    int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */
+    bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
+} sci_moe_config;
+
+/* Elements of each workspace buffer for `tokens` tokens (0: the backend doesn't use it),
+ * and their bytes in all. */
+void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
+                              uint64_t count[SCI_MOE_W_COUNT]);
+uint64_t sci_moe_workspace_bytes_for(const sci_moe_config *c, uint64_t tokens);
+
+/* The capacity a workspace for `capacity` tokens grows to for a forward of T tokens (at
+ * least double, so growth is rare), or 0 when it is large enough. */
+uint64_t sci_moe_workspace_grow(uint64_t capacity, uint64_t T);
+
+/* Whether one forward takes T tokens (the kernels' index arithmetic stays in range). The
+ * plans assume it. */
+bool sci_moe_tokens_fit(const sci_moe_config *c, uint64_t T);
+
+/* A forward over T tokens, in launch order. Launches the forward doesn't make are zero. */
+typedef struct sci_moe_plan {
+    uint64_t tokens, rows;  /* T, and T k rows in expert order */
+    bool pdl;               /* every launch programmatic (few tokens: launch latency) */
+    /* Routing: in one launch (few tokens) or in steps. */
+    bool route_small;       /* sc_moe_route_small: logits, top-k, offsets, permutation */
+    bool route_gathers;     /* ... and x in expert order (SM90, while x is small) */
+    sc_launch_desc route, gather; /* gather: x in expert order after route (SM90) */
+    int router_splits;      /* the router GEMM splits H in this many (blocks along z) */
+    int router_k_chunk;     /* columns of H per split */
+    sc_launch_desc router, topk, offsets, scatter; /* scatter + gather x on SM90 */
+    /* The expert GEMMs: W13 (gate and up, silu) then W2 (down, routing weight). */
+    int tile;               /* the SM90 tile shape (sci_moe_tile), -1 for MMA */
+    sci_moe_kernel k13, k2;
+    const char *step13, *step2;
+    sc_launch_desc w13, w2;
+    int group_m13, group_m2; /* SM90: M tiles that share each N tile */
+    sc_launch_desc combine;
+    uint64_t workspace_bytes; /* a workspace for exactly T tokens */
+} sci_moe_plan;
+
+void sci_moe_plan_make(const sci_moe_config *c, uint64_t T, sci_moe_plan *p);
+
+#endif
