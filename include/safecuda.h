@@ -593,9 +593,17 @@ typedef struct sc_program_desc {
                                                both are SC_ERR_NOT_SUPPORTED */
 } sc_program_desc;
 
+/* Compile desc->source (see above). ctx may be the zero handle for a compile-only program
+ * (desc->arch required). Statuses: SC_ERR_NO_COMPILER when NVRTC can't be loaded (needs no
+ * driver otherwise); SC_ERR_COMPILE for a source NVRTC rejects (the log in the message);
+ * SC_ERR_NOT_SUPPORTED when NVRTC knows no architecture up to the one asked, or for
+ * architecture-specific code it can't build (desc.arch_specific); SC_ERR_INVALID_ARGUMENT
+ * for a NULL source, an arch outside 50 .. 1000, too many options, a header without name
+ * or source. Use the macro: it records the call site. */
 SC_API sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc,
                                       sc_program *program, const char *file, int line);
 #define sc_program_create(...) sc_program_create_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Free the program (its image and log). Modules loaded from it stay loaded. */
 SC_API sc_status sc_program_destroy(sc_program program);
 
 typedef struct sc_program_props {
@@ -609,13 +617,15 @@ typedef struct sc_program_props {
                               compute_90a for PTX) rather than sm_90 */
 } sc_program_props;
 
+/* What was built: target, image size, cache use and compile time. */
 SC_API sc_status sc_program_info(sc_program program, sc_program_props *props);
 /* The NVRTC log (warnings); "" when the image came from the cache. Copies up to size
  * bytes (NUL-terminated) and sets *needed to the full length + 1. */
 SC_API sc_status sc_program_log(sc_program program, char *buf, size_t size, size_t *needed);
 /* The compiled image (cubin or NUL-terminated PTX), valid while the program lives. */
 SC_API sc_status sc_program_image(sc_program program, const void **image, uint64_t *bytes);
-/* The lowered (mangled) name of one of the program's name expressions. */
+/* The lowered (mangled) name of one of the program's name expressions (valid while the
+ * program lives). SC_ERR_INVALID_ARGUMENT when it is not one of them. */
 SC_API sc_status sc_program_lowered_name(sc_program program, const char *name_expression,
                                          const char **lowered);
 

@@ -68,6 +68,17 @@ __attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...)
     va_end(ap);
 }
 
+/* A libcuda was found but can't be used: the driver is there and broken (or too old),
+ * which is SC_ERR_DRIVER, not "no driver": a GPU machine in this state must not read as
+ * one without a GPU. */
+__attribute__((format(printf, 1, 2))) static void fail_broken(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_status(SC_ERR_DRIVER, fmt, ap);
+    va_end(ap);
+}
+
 __attribute__((format(printf, 1, 2))) static void fail_config(const char *fmt, ...)
 {
     va_list ap;
@@ -187,7 +198,7 @@ static void load(void)
         const char *name = NULL;
         if (!name_fn || name_fn(r, &name) != CUDA_SUCCESS || !name)
             name = sci_cu_error_name(r);
-        fail("cuInit failed with %s (%d) in %s: the driver is installed but not usable "
+        fail_broken("cuInit failed with %s (%d) in %s: the driver is installed but not usable "
              "(kernel module not loaded, version mismatch or no permission on /dev/nvidia*)",
              name, (int)r, library_path);
         return;
@@ -195,11 +206,11 @@ static void load(void)
     has_devices = (r == CUDA_SUCCESS);
 
     if (version(&cuda_version) != CUDA_SUCCESS) {
-        fail("cuDriverGetVersion failed in %s", library_path);
+        fail_broken("cuDriverGetVersion failed in %s", library_path);
         return;
     }
     if (cuda_version < SCI_CUDA_MIN_VERSION || !get_proc) {
-        fail("the NVIDIA driver at %s supports CUDA %d.%d; safecuda needs CUDA %d.%d or "
+        fail_broken("the NVIDIA driver at %s supports CUDA %d.%d; safecuda needs CUDA %d.%d or "
              "newer: update the NVIDIA driver",
              library_path, cuda_version / 1000, (cuda_version % 1000) / 10,
              SCI_CUDA_MIN_VERSION / 1000, (SCI_CUDA_MIN_VERSION % 1000) / 10);
@@ -215,7 +226,7 @@ static void load(void)
         if (gr != CUDA_SUCCESS || query != CU_GET_PROC_ADDRESS_SUCCESS)
             fn = NULL;
         if (!fn && e->required) {
-            fail("the NVIDIA driver at %s (CUDA %d.%d) lacks the entry point %s (query "
+            fail_broken("the NVIDIA driver at %s (CUDA %d.%d) lacks the entry point %s (query "
                  "result %d): update the NVIDIA driver",
                  library_path, cuda_version / 1000, (cuda_version % 1000) / 10, e->name,
                  query);

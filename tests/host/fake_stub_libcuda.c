@@ -1,12 +1,17 @@
 /* TEST DOUBLE (fault injection): a library that looks like the CUDA toolkit's stub
  * libcuda.so, whose every call answers CUDA_ERROR_STUB_LIBRARY (34). It lets the loader
- * test check the "only the stub was found" path on any machine. Never a GPU stand-in. */
+ * test check the "only the stub was found" path on any machine. With
+ * SAFECUDA_STUB_INIT_RESULT=N its cuInit answers N instead: a driver that is installed
+ * but broken (999, CUDA_ERROR_UNKNOWN, say). Never a GPU stand-in. */
+#include <stdlib.h>
+
 #define STUB 34
 
 int cuInit(unsigned flags)
 {
     (void)flags;
-    return STUB;
+    const char *r = getenv("SAFECUDA_STUB_INIT_RESULT");
+    return r && r[0] ? atoi(r) : STUB;
 }
 
 int cuDriverGetVersion(int *v)

@@ -70,6 +70,21 @@ int main(int argc, char **argv)
         }
         fclose(f);
         no_driver_everywhere("stub driver library");
+    } else if (strcmp(mode, "broken") == 0) {
+        /* A libcuda whose cuInit fails (SAFECUDA_STUB_INIT_RESULT=999): the driver is there
+         * but unusable, SC_ERR_DRIVER, never "no driver" (which GPU tests read as a skip). */
+        for (int i = 0; i < 2; i++) {
+            CHECK_STATUS(sc_init(), SC_ERR_DRIVER);
+            CHECK_MSG("sc_init: cuInit failed with");
+            CHECK_MSG("(999)");
+            CHECK_MSG("the driver is installed but not usable");
+        }
+        int n = 5;
+        CHECK_STATUS(sc_device_count(&n), SC_ERR_DRIVER);
+        CHECK(n == 0);
+        sc_context ctx = {12345};
+        CHECK_STATUS(sc_context_create(NULL, &ctx), SC_ERR_DRIVER);
+        CHECK(ctx.id == 0);
     } else if (strcmp(mode, "not-a-driver") == 0) {
         no_driver_everywhere("is not a CUDA driver library");
     } else if (strcmp(mode, "default") == 0) {
