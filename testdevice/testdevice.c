@@ -17,6 +17,8 @@
  *     (H100-like) attributes; SAFECUDA_TESTDEVICE_MEMORY_MB (default 4096) sets its memory,
  *     SAFECUDA_TESTDEVICE_PINNED_MB (default 1024) caps pinned host memory,
  *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE;
+ *     SAFECUDA_TESTDEVICE_DRIVER_VERSION=12030 (for example, 12000 .. 13000) reports an
+ *     older driver, which lacks the entry points that came after that version;
  *     SAFECUDA_TESTDEVICE_CC=80 (for example) reports another compute capability (the other
  *     attributes stay the H100's);
  *   - the primary context with a reference count (a release to 0 frees nothing by itself,
@@ -71,6 +73,7 @@ static uint64_t total_bytes = 4096ull << 20;
 static uint64_t host_limit = 1024ull << 20;
 static int abort_on_misuse;
 static int compute_capability = 90; /* SAFECUDA_TESTDEVICE_CC, e.g. 80 */
+static int driver_version = 13000;  /* SAFECUDA_TESTDEVICE_DRIVER_VERSION */
 static int accept_launches;         /* SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 */
 static long refused_launches;
 
@@ -342,6 +345,8 @@ EXPORT CUresult cuInit(unsigned flags)
         compute_capability = cc && atoi(cc) >= 50 && atoi(cc) <= 120 ? atoi(cc) : 90;
         const char *a = getenv("SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE");
         abort_on_misuse = a && a[0] == '1';
+        const char *dv = getenv("SAFECUDA_TESTDEVICE_DRIVER_VERSION");
+        driver_version = dv && atoi(dv) >= 12000 && atoi(dv) <= 13000 ? atoi(dv) : 13000;
         const char *l = getenv("SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES");
         accept_launches = l && strcmp(l, "1") == 0;
         initialized = 1;
@@ -362,7 +367,9 @@ static CUresult f_cuDriverGetVersion(int *v)
 {
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = 13000;
+    pthread_mutex_lock(&lock);
+    *v = driver_version;
+    pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 
