@@ -443,6 +443,48 @@ static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *
     return SC_OK;
 }
 
+/* Check the optional outputs before anything is enqueued: expert_ids i32 and
+ * expert_weights f32, each T x k elements, in the layer's context. */
+static sc_status check_outputs(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
+                               const char *fn)
+{
+    const struct {
+        sc_view v;
+        const char *name;
+        sc_dtype dtype;
+    } outs[2] = {{opts ? opts->expert_ids : (sc_view){{0}, 0, 0}, "expert_ids", SC_I32},
+                 {opts ? opts->expert_weights : (sc_view){{0}, 0, 0}, "expert_weights", SC_F32}};
+    const uint64_t rows = T * (uint64_t)m->desc.top_k;
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i].v.buffer.id)
+            continue;
+        sc_view v;
+        sc_buffer_props p;
+        sc_status s;
+        if ((s = sc_buffer_view(outs[i].v.buffer, outs[i].v.offset, outs[i].v.count, &v)) !=
+                SC_OK ||
+            (s = sc_buffer_info(outs[i].v.buffer, &p)) != SC_OK)
+            return s;
+        if (p.context.id != m->ctx->obj.id)
+            return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                            "opts->%s (buffer '%s', created at %s:%d) belongs to another "
+                            "context than the layer",
+                            outs[i].name, p.label, p.file, p.line);
+        if (p.dtype != outs[i].dtype)
+            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                            "opts->%s (buffer '%s', created at %s:%d) is %s; it must be %s",
+                            outs[i].name, p.label, p.file, p.line, sc_dtype_name(p.dtype),
+                            sc_dtype_name(outs[i].dtype));
+        if (v.count != rows)
+            return sci_fail(SC_ERR_OUT_OF_BOUNDS, fn,
+                            "opts->%s has %llu elements; T x k = %llu x %d = %llu are written "
+                            "(buffer '%s', created at %s:%d)",
+                            outs[i].name, (unsigned long long)v.count, (unsigned long long)T,
+                            m->desc.top_k, (unsigned long long)rows, p.label, p.file, p.line);
+    }
+    return SC_OK;
+}
+
 /* A forward being issued: the layer (its workspace locked), the plan, the stream, the
  * checked views of x and out, the selection bias (or the workspace's zero bias), and
  * the profile's steps. */
@@ -656,7 +698,8 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sci_moe_plan plan;
     forward f = {.m = m, .p = &plan, .stream = stream, .st = &st};
     uint64_t T = 0;
-    if ((s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK) {
+    if ((s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
+        (s = check_outputs(m, opts, T, fn)) == SC_OK) {
         sci_moe_plan_make(&m->cfg, T, &plan);
         pthread_mutex_lock(&m->lock);
         const uint64_t grow = sci_moe_workspace_grow(m->capacity, T);

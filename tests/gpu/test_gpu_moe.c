@@ -389,6 +389,38 @@ static void test_repeatable(sc_context ctx)
     REQUIRE(sc_buffer_view(dout, 0, H, &out1) == SC_OK);
     CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, shifted, out1, NULL), SC_ERR_INVALID_ARGUMENT);
     CHECK_MSG("multiple of 8");
+    /* Bad optional outputs are refused before anything runs: out keeps its poison. */
+    {
+        const uint16_t poison = 0x7fd1;
+        const uint64_t rows = T * 3;
+        CHECK_OK(sc_fill(SC_DEFAULT_STREAM, sc_view_of(dout), &poison));
+        sc_buffer ids_f32, ids_short;
+        REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = rows, .label = "ids-f32"}, &ids_f32) == SC_OK);
+        REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_I32, .count = rows - 1, .label = "ids-short"}, &ids_short) == SC_OK);
+        CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
+                                    &(sc_moe_forward_desc){.expert_ids = sc_view_of(ids_f32)}),
+                     SC_ERR_TYPE_MISMATCH);
+        CHECK_MSG("opts->expert_ids (buffer 'ids-f32'");
+        CHECK_MSG("it must be i32");
+        CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
+                                    &(sc_moe_forward_desc){.expert_ids = sc_view_of(ids_short)}),
+                     SC_ERR_OUT_OF_BOUNDS);
+        CHECK_MSG("opts->expert_ids has");
+        CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
+                                    &(sc_moe_forward_desc){.expert_weights = sc_view_of(ids_short)}),
+                     SC_ERR_TYPE_MISMATCH);
+        CHECK_MSG("opts->expert_weights");
+        uint16_t *after = malloc(T * H * 2);
+        REQUIRE(after != NULL);
+        CHECK_OK(sc_copy_to_host(SC_DEFAULT_STREAM, after, T * H * 2, sc_view_of(dout)));
+        size_t untouched = 0;
+        for (uint64_t i = 0; i < T * H; i++)
+            untouched += after[i] == poison;
+        CHECK(untouched == T * H);
+        free(after);
+        sc_buffer_destroy(ids_f32);
+        sc_buffer_destroy(ids_short);
+    }
     /* The profile: every step timed, the forward waited for. */
     sc_moe_profile prof;
     memset(&prof, 0xff, sizeof prof);
