@@ -1993,6 +1993,75 @@ static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void *
                             c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra);
 }
 
+/* ---- stream capture, graphs, cluster occupancy: not modelled yet ---------------------------- */
+
+static CUresult not_modelled(const char *fn)
+{
+    (void)fn;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+static CUresult f_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c)
+{
+    (void)n, (void)f, (void)c;
+    return not_modelled("cuOccupancyMaxActiveClusters");
+}
+static CUresult f_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
+{
+    (void)s, (void)mode;
+    return not_modelled("cuStreamBeginCapture");
+}
+static CUresult f_cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    (void)s, (void)g;
+    return not_modelled("cuStreamEndCapture");
+}
+static CUresult f_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+    (void)s;
+    if (st)
+        *st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+static CUresult f_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    (void)s;
+    if (st)
+        *st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id)
+        *id = 0;
+    return CUDA_SUCCESS;
+}
+static CUresult f_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
+{
+    (void)g, (void)nodes, (void)n;
+    return not_modelled("cuGraphGetNodes");
+}
+static CUresult f_cuGraphDestroy(CUgraph g)
+{
+    (void)g;
+    return not_modelled("cuGraphDestroy");
+}
+static CUresult f_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long fl)
+{
+    (void)e, (void)g, (void)fl;
+    return not_modelled("cuGraphInstantiateWithFlags");
+}
+static CUresult f_cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *i)
+{
+    (void)e, (void)g, (void)i;
+    return not_modelled("cuGraphExecUpdate");
+}
+static CUresult f_cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    (void)e, (void)s;
+    return not_modelled("cuGraphLaunch");
+}
+static CUresult f_cuGraphExecDestroy(CUgraphExec e)
+{
+    (void)e;
+    return not_modelled("cuGraphExecDestroy");
+}
+
 /* ---- cuGetProcAddress ---------------------------------------------------------------------- */
 
 /* Names are compared exactly. */

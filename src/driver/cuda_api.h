@@ -26,6 +26,9 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 typedef void (*CUhostFn)(void *user);
 typedef size_t (*CUoccupancyB2DSize)(int block_size);
@@ -59,9 +62,11 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
     CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82,
+    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
     CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
-    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH = 120
 } CUdevice_attribute;
 
 typedef enum {
@@ -72,7 +77,12 @@ typedef enum {
     CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
     CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
     CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT = 12,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 } CUfunction_attribute;
 
 typedef enum {
@@ -102,14 +112,49 @@ typedef struct {
 
 typedef int CUjit_option;
 
-/* Extensible launches (cuLaunchKernelEx, CUDA 12.0): only the attribute safecuda sets,
- * programmatic stream serialization (dependent launch, sm_90+), is declared. */
-enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+/* Stream capture and graphs. */
+typedef enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+typedef enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+typedef enum {
+    CU_GRAPH_EXEC_UPDATE_SUCCESS = 0,
+    CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 3,
+    CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 4,
+    CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 5,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 6,
+    CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 7,
+    CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 8
+} CUgraphExecUpdateResult;
+typedef struct CUgraphExecUpdateResultInfo_st {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+/* Extensible launches (cuLaunchKernelEx, CUDA 12.0): the attributes safecuda sets, a
+ * cooperative launch, thread-block cluster dimensions and programmatic stream
+ * serialization (dependent launch, sm_90+). */
+enum {
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+};
 typedef struct CUlaunchAttribute_st {
     int id;
     char pad[4];
     union {
         char pad[64];
+        int cooperative;
+        struct { unsigned x, y, z; } clusterDim;
         int programmatic_stream_serialization_allowed;
         unsigned long long align;
     } value;
@@ -248,6 +293,21 @@ enum {
        int interleave, int swizzle, int l2_promotion, int oob_fill),                           \
       (map, dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle,    \
        l2_promotion, oob_fill))                                                                \
+    X(cuOccupancyMaxActiveClusters, 11080, 0,                                                  \
+      (int *n, CUfunction f, const CUlaunchConfig *config), (n, f, config))                    \
+    X(cuStreamBeginCapture, 10010, 1, (CUstream s, CUstreamCaptureMode mode), (s, mode))       \
+    X(cuStreamEndCapture, 10000, 1, (CUstream s, CUgraph * g), (s, g))                         \
+    X(cuStreamIsCapturing, 10000, 1, (CUstream s, CUstreamCaptureStatus * status), (s, status)) \
+    X(cuStreamGetCaptureInfo, 10010, 1,                                                        \
+      (CUstream s, CUstreamCaptureStatus * status, cuuint64_t * id), (s, status, id))          \
+    X(cuGraphGetNodes, 10000, 1, (CUgraph g, CUgraphNode * nodes, size_t *n), (g, nodes, n))   \
+    X(cuGraphDestroy, 10000, 1, (CUgraph g), (g))                                              \
+    X(cuGraphInstantiateWithFlags, 11040, 1, (CUgraphExec * e, CUgraph g, unsigned long long flags), \
+      (e, g, flags))                                                                           \
+    X(cuGraphExecUpdate, 12000, 1,                                                             \
+      (CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo * info), (e, g, info))            \
+    X(cuGraphLaunch, 10000, 1, (CUgraphExec e, CUstream s), (e, s))                            \
+    X(cuGraphExecDestroy, 10000, 1, (CUgraphExec e), (e))                                      \
     X(cuLaunchKernelEx, 12000, 0,                                                              \
       (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),               \
       (config, f, params, extra))                                                              \
