@@ -8,6 +8,7 @@
  *   init       sc_init, sc_device_count, sc_device_info, sc_compiler_version... from every
  *              thread at once, before anything else loaded the driver;
  *   first use  a fresh context's pool and default stream created by racing threads;
+ *              sc_context_trim asking for the pool while the first allocation creates it;
  *   hammer     buffers, views, copies, fills, host buffers, streams and events, one shared
  *              buffer written on 8 streams (the automatic ordering), launches, modules and
  *              kernels, buffers used by a neighbour while their owner destroys them, one
@@ -188,6 +189,36 @@ static void *first_use_worker(void *arg)
     return NULL;
 }
 
+/* sc_context_trim asks for the context's pool while another thread creates it (the first
+ * allocation): the two meet only inside the library. */
+static atomic_int allocated;
+
+static void *trim_until_allocated(void *arg)
+{
+    (void)index_of(arg);
+    int trims = 0;
+    while (!atomic_load_explicit(&allocated, memory_order_relaxed) || trims == 0) {
+        T_OK(sc_context_trim(fresh));
+        trims++;
+    }
+    return NULL;
+}
+
+static void *allocate_first(void *arg)
+{
+    (void)index_of(arg);
+    sc_buffer b;
+    T_OK(sc_buffer_create(fresh, &(sc_buffer_desc){.dtype = SC_F32, .count = 64}, &b));
+    atomic_store_explicit(&allocated, 1, memory_order_relaxed);
+    T_OK(sc_buffer_destroy(b));
+    return NULL;
+}
+
+static void *trim_or_allocate(void *arg)
+{
+    return (intptr_t)arg == 0 ? allocate_first(arg) : trim_until_allocated(arg);
+}
+
 static void test_first_use(void)
 {
     long pools0 = fake.live_pools(), streams0 = fake.live_streams();
@@ -205,6 +236,16 @@ static void test_first_use(void)
         CHECK(m.peak_bytes >= THREADS * 256);
         CHECK_OK(sc_context_destroy(fresh));
         CHECK(fake.live_pools() == pools0 && fake.live_streams() == streams0);
+    }
+
+    for (int round = 0; round < 128; round++) {
+        REQUIRE(sc_context_create(NULL, &fresh) == SC_OK);
+        sc_stream d; /* the default stream first: the allocation then goes straight to the pool */
+        CHECK_OK(sc_context_default_stream(fresh, &d));
+        atomic_store(&allocated, 0);
+        run_threads(trim_or_allocate, 2);
+        CHECK(fake.live_pools() == pools0 + 1);
+        CHECK_OK(sc_context_destroy(fresh));
     }
 }
 
