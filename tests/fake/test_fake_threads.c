@@ -9,11 +9,13 @@
  *              thread at once, before anything else loaded the driver;
  *   first use  a fresh context's pool and default stream created by racing threads;
  *              sc_context_trim asking for the pool while the first allocation creates it;
+ *   log        the log callback switched 200 times, its old data freed each time, while
+ *              three threads log (a callback still running on freed data would show);
  *   hammer     buffers, views, copies, fills, host buffers, streams and events, one shared
  *              buffer written on 8 streams (the automatic ordering), launches, modules and
  *              kernels, buffers used by a neighbour while their owner destroys them, one
  *              buffer destroyed by two threads at once, live-object and memory queries while
- *              others allocate (the log going to a callback);
+ *              others allocate, the log callback switched while others log;
  *   programs   NVRTC programs compiled and read from the disk cache by several threads,
  *              modules loaded from them, kernels got and launched (skipped without NVRTC);
  *   destroy    a context destroyed while other threads use its objects;
@@ -249,7 +251,7 @@ static void test_first_use(void)
     }
 }
 
-/* ---- the log: sinks that count the lines delivered to them --------------------------------- */
+/* ---- the log: a callback switched, and its data freed, while other threads log ------------- */
 
 #define SINK_MAGIC 0x5151deadu
 
@@ -290,6 +292,74 @@ static sink *sink_switch(sink *old, sc_log_fn fn)
         free(old);
     }
     return s;
+}
+
+/* A callback that takes its time (one that writes to a file would), so that calls of it are
+ * still running when another thread switches to the next sink. */
+static void to_slow_sink(sc_log_level level, const char *message, void *user)
+{
+    sched_yield();
+    to_sink(level, message, user);
+}
+
+static sc_context log_ctx;
+static atomic_int switched;
+static sink *first_sink; /* set before the threads start, so no line goes to stderr */
+
+/* Thread 0 switches the callback to a new sink 200 times, freeing the old one each time, and
+ * at least until the others have written 100 live-object reports (a heading and one line per
+ * object) meanwhile. */
+static void *log_worker(void *arg)
+{
+    int t = index_of(arg);
+    if (t == 0) {
+        sink *s = first_sink;
+        for (int i = 0; i < 200 ||
+                        atomic_load_explicit(&lines_logged, memory_order_relaxed) < 300;
+             i++) {
+            s = sink_switch(s, to_slow_sink);
+            sched_yield();
+        }
+        atomic_store_explicit(&switched, 1, memory_order_relaxed);
+        pthread_barrier_wait(&start_line); /* the loggers have stopped */
+        sc_set_log_callback(NULL, NULL);
+        atomic_fetch_add(&lines_delivered, atomic_load(&s->lines));
+        free(s);
+        return NULL;
+    }
+    while (!atomic_load_explicit(&switched, memory_order_relaxed)) {
+        size_t n = 0;
+        T_OK(sc_context_live_report(log_ctx, &n));
+        T_CHECK(n == 2);
+        atomic_fetch_add(&lines_logged, (long)n + 1);
+    }
+    pthread_barrier_wait(&start_line);
+    return NULL;
+}
+
+static void test_log_switch(void)
+{
+    REQUIRE(sc_context_create(NULL, &log_ctx) == SC_OK);
+    sc_buffer b; /* the two objects the report lists */
+    sc_stream st;
+    REQUIRE(sc_buffer_create(log_ctx, &(sc_buffer_desc){.dtype = SC_U8, .count = 1}, &b) ==
+            SC_OK);
+    REQUIRE(sc_stream_create(log_ctx, NULL, &st) == SC_OK);
+    atomic_store(&lines_logged, 0);
+    atomic_store(&lines_delivered, 0);
+    atomic_store(&switched, 0);
+    first_sink = sink_switch(NULL, to_slow_sink);
+    run_threads(log_worker, 4);
+    CHECK(atomic_load(&lines_logged) > 0);
+    CHECK(atomic_load(&lines_delivered) == atomic_load(&lines_logged));
+    if (atomic_load(&lines_delivered) != atomic_load(&lines_logged))
+        fprintf(stderr, "log lines: %ld written, %ld delivered\n", atomic_load(&lines_logged),
+                atomic_load(&lines_delivered));
+    CHECK_OK(sc_stream_destroy(st));
+    CHECK_OK(sc_buffer_destroy(b));
+    CHECK_OK(sc_context_destroy(log_ctx));
+    atomic_store(&lines_logged, 0);
+    atomic_store(&lines_delivered, 0);
 }
 
 /* ---- hammer: one context, 8 threads -------------------------------------------------------- */
@@ -541,6 +611,8 @@ static void *hammer(void *arg)
             modules_and_kernels(t, s, b, slice);
         if (i % 3 == t % 3)
             query_live();
+        if (t == 0)
+            current_sink = sink_switch(current_sink, to_sink);
 
         /* A neighbour's buffer, maybe being destroyed. */
         use_victim(t, s, b);
@@ -889,6 +961,7 @@ int main(void)
     fake_attach();
     fake_counts start = fake_counts_now();
     test_first_use();
+    test_log_switch();
     test_hammer();
     test_programs();
     test_destroy_while_used();
