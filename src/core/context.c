@@ -270,10 +270,11 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
         s = sci_fail_cu(r, fn, "cuCtxSetCurrent(device %d) failed", d.device);
         goto fail_release;
     }
-    s = sci_registry_insert(&c->obj, SCI_KIND_CONTEXT, 0, NULL, file, line, fn);
+    char label[32];
+    snprintf(label, sizeof label, "device %d", d.device);
+    s = sci_registry_insert(&c->obj, SCI_KIND_CONTEXT, 0, label, file, line, fn);
     if (s != SC_OK)
         goto fail_release;
-    snprintf(c->obj.label, sizeof c->obj.label, "device %d", d.device);
     out->id = c->obj.id;
     return SC_OK;
 

@@ -56,8 +56,8 @@ static void free_names(size_t n, char **exprs, char **lowered)
 
 sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool is_ptx,
                           size_t n_names, char *const *exprs, char *const *lowered,
-                          bool internal, const char *file, int line, const char *fn,
-                          sci_module **out)
+                          bool internal, const char *label, const char *file, int line,
+                          const char *fn, sci_module **out)
 {
     (void)bytes;
     sci_module *m = calloc(1, sizeof *m);
@@ -94,7 +94,9 @@ sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool 
         return s;
     }
     m->obj.internal = internal;
-    sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, NULL, file, line, fn);
+    /* Whole before it is published: other threads may list it from then on. */
+    sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, label, file, line,
+                                      fn);
     if (s != SC_OK) {
         s = sci_context_cleanup_cu(c, s, sci_cuModuleUnload(m->cu), "cuModuleUnload");
         free_names(m->n_names, m->exprs, m->lowered);
@@ -128,11 +130,10 @@ sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module *modul
     } else {
         sci_module *m = NULL;
         s = sci_module_load(c, p->out.image, p->out.image_size, p->out.is_ptx, p->out.n_names,
-                            p->out.exprs, p->out.lowered, false, file, line, fn, &m);
-        if (s == SC_OK) {
-            snprintf(m->obj.label, sizeof m->obj.label, "%s", p->obj.label);
+                            p->out.exprs, p->out.lowered, false, p->obj.label, file, line, fn,
+                            &m);
+        if (s == SC_OK)
             module->id = m->obj.id;
-        }
     }
     sci_program_release(p);
     sci_context_release(c);
@@ -167,8 +168,8 @@ sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t by
         ptx[bytes] = '\0';
     }
     sci_module *m = NULL;
-    s = sci_module_load(c, ptx ? ptx : image, bytes, ptx != NULL, 0, NULL, NULL, false, file,
-                        line, fn, &m);
+    s = sci_module_load(c, ptx ? ptx : image, bytes, ptx != NULL, 0, NULL, NULL, false, NULL,
+                        file, line, fn, &m);
     free(ptx);
     if (s == SC_OK)
         module->id = m->obj.id;

@@ -16,8 +16,9 @@
  *              kernels, buffers used by a neighbour while their owner destroys them, one
  *              buffer destroyed by two threads at once, live-object and memory queries while
  *              others allocate, the log callback switched while others log;
- *   programs   NVRTC programs compiled and read from the disk cache by several threads,
- *              modules loaded from them, kernels got and launched (skipped without NVRTC);
+ *   programs   NVRTC programs compiled and read from the disk cache by several threads;
+ *              modules loaded from them and read by another thread the moment they are
+ *              published, or listed while others load (skipped without NVRTC);
  *   destroy    a context destroyed while other threads use its objects;
  *   loss       a sticky error injected while 8 threads work: every thread sees the context
  *              lost, every destroy still works.
@@ -737,6 +738,70 @@ static void *program_worker(void *arg)
     return NULL;
 }
 
+/* A module's label is its program's name: it must be in place when the module is published.
+ * Thread 0 loads modules and hands each handle to thread 1 through a relaxed atomic (no
+ * happens-before of its own: the library's locks must be enough); thread 1 asks the module
+ * for a kernel it lacks, and the message quotes the label. */
+static sc_program label_prog;
+static _Atomic uint64_t handed;
+static atomic_int loaders_done;
+#define HANDED_END UINT64_MAX
+
+static void *label_handoff(void *arg)
+{
+    int t = index_of(arg);
+    if (t == 0) {
+        for (int i = 0; i < 32; i++) {
+            sc_module m;
+            if (T_OK(sc_module_load(prog_ctx, label_prog, &m)) != SC_OK)
+                break;
+            atomic_store_explicit(&handed, m.id, memory_order_relaxed);
+            while (atomic_load_explicit(&handed, memory_order_relaxed) != 0)
+                sched_yield();
+            T_OK(sc_module_destroy(m));
+        }
+        atomic_store_explicit(&handed, HANDED_END, memory_order_relaxed);
+        return NULL;
+    }
+    for (;;) {
+        uint64_t id;
+        while ((id = atomic_load_explicit(&handed, memory_order_relaxed)) == 0)
+            sched_yield();
+        if (id == HANDED_END)
+            break;
+        sc_kernel k;
+        T_STATUS(sc_kernel_get((sc_module){id}, "missing", &k), SC_ERR_INVALID_ARGUMENT);
+        T_MSG("module 'scale.cu'");
+        atomic_store_explicit(&handed, 0, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+/* Two threads load and destroy modules while two list the live objects: a module is never
+ * listed without its label. */
+static void *label_listing(void *arg)
+{
+    int t = index_of(arg);
+    if (t < 2) {
+        for (int i = 0; i < 24; i++) {
+            sc_module m;
+            if (T_OK(sc_module_load(prog_ctx, label_prog, &m)) == SC_OK)
+                T_OK(sc_module_destroy(m));
+        }
+        atomic_fetch_add_explicit(&loaders_done, 1, memory_order_relaxed);
+        return NULL;
+    }
+    while (atomic_load_explicit(&loaders_done, memory_order_relaxed) < 2) {
+        sc_object_info info[8];
+        size_t n = 0;
+        T_OK(sc_context_live_objects(prog_ctx, info, 8, &n));
+        for (size_t k = 0; k < n && k < 8; k++)
+            if (strcmp(info[k].kind, "module") == 0 && strcmp(info[k].label, "scale.cu") != 0)
+                failed(__LINE__, "a module listed without its label");
+    }
+    return NULL;
+}
+
 static void test_programs(void)
 {
     if (!have_nvrtc)
@@ -751,6 +816,16 @@ static void test_programs(void)
         cached += from_cache[t];
     }
     printf("programs: 2 compiled at once, %d read from the disk cache\n", cached);
+
+    REQUIRE(sc_program_create(prog_ctx,
+                              &(sc_program_desc){.source = program_src, .name = "scale.cu",
+                                                 .ptx = true, .name_expressions = program_names},
+                              &label_prog) == SC_OK);
+    atomic_store(&handed, 0);
+    run_threads(label_handoff, 2);
+    atomic_store(&loaders_done, 0);
+    run_threads(label_listing, 4);
+    CHECK_OK(sc_program_destroy(label_prog));
     size_t n = 99;
     CHECK_OK(sc_context_live_objects(prog_ctx, NULL, 0, &n));
     CHECK(n == 0);
