@@ -231,7 +231,7 @@ static sc_status kernel_remove(uint64_t id, const char *fn)
     return s;
 }
 
-static sc_status module_destroy(uint64_t id, const char *fn)
+static sc_status module_remove(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_MODULE, id, fn, &obj);
@@ -258,6 +258,17 @@ static sc_status module_destroy(uint64_t id, const char *fn)
     free_names(m->n_names, m->exprs, m->lowered);
     free(m);
     return sci_release_end(&rl);
+}
+
+static sc_status module_destroy(uint64_t id, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_MODULE, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = module_remove(id, fn);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_module_destroy(sc_module module)

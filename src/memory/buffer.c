@@ -124,7 +124,7 @@ static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
     return sci_context_default_stream(b->ctx, fn, out);
 }
 
-sc_status sci_buffer_destroy(uint64_t id, const char *fn)
+static sc_status buffer_destroy(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_BUFFER, id, fn, &obj);
@@ -163,6 +163,17 @@ sc_status sci_buffer_destroy(uint64_t id, const char *fn)
                       "cuEventDestroy of an ordering event failed");
     free(b);
     return sci_release_end(&rl);
+}
+
+sc_status sci_buffer_destroy(uint64_t id, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_BUFFER, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = buffer_destroy(id, fn);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_buffer_destroy(sc_buffer buffer)

@@ -18,8 +18,10 @@
  *              others allocate, the log callback switched while others log;
  *   programs   NVRTC programs compiled and read from the disk cache by several threads;
  *              modules loaded from them and read by another thread the moment they are
- *              published, or listed while others load (skipped without NVRTC);
- *   destroy    a context destroyed while other threads use its objects;
+ *              published, or listed while others load; programs destroyed while their
+ *              context is destroyed (skipped without NVRTC);
+ *   destroy    a context destroyed while other threads use its objects and create and
+ *              destroy objects of their own;
  *   loss       a sticky error injected while 8 threads work: every thread sees the context
  *              lost, every destroy still works.
  *
@@ -30,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../test.h"
@@ -691,21 +694,21 @@ static const char program_src[] =
     "    if (i < n) x[i] *= k;\n"
     "}\n";
 static const char *const program_names[] = {"scale<unsigned int>", NULL};
+static const sc_program_desc program_desc = {.source = program_src, .name = "scale.cu",
+                                             .ptx = true, .name_expressions = program_names};
 static sc_context prog_ctx;
 static bool from_cache[THREADS];
 
 static void *program_worker(void *arg)
 {
     int t = index_of(arg);
-    const sc_program_desc desc = {.source = program_src, .name = "scale.cu", .ptx = true,
-                                  .name_expressions = program_names};
     sc_program p = {0};
     /* Two threads compile at once, both missing the cache and both storing the entry. */
     if (t < 2)
-        T_OK(sc_program_create(prog_ctx, &desc, &p));
+        T_OK(sc_program_create(prog_ctx, &program_desc, &p));
     pthread_barrier_wait(&start_line);
     if (t >= 2)
-        T_OK(sc_program_create(prog_ctx, &desc, &p));
+        T_OK(sc_program_create(prog_ctx, &program_desc, &p));
     sc_program_props pp;
     if (T_OK(sc_program_info(p, &pp)) == SC_OK) {
         T_CHECK(pp.is_ptx && pp.arch == 90 && pp.image_bytes > 0);
@@ -802,6 +805,48 @@ static void *label_listing(void *arg)
     return NULL;
 }
 
+/* Programs destroyed by their threads while their context is destroyed: whoever comes
+ * first destroys each, and sc_context_destroy never finds one of those it listed gone. The
+ * threads start once the context's leak report is out (the destroy then lists and destroys
+ * the programs), newest first (the destroy goes oldest first). */
+#define PROGRAMS_EACH 128
+#define PROGRAM_THREADS 3 /* two destroy programs, one the context */
+static sc_context progs_ctx;
+static sink *progs_log;
+static atomic_long progs_made;
+
+static void *destroy_programs(void *arg)
+{
+    int t = index_of(arg);
+    sc_program p[PROGRAMS_EACH];
+    for (int i = 0; i < PROGRAMS_EACH && t < PROGRAM_THREADS - 1; i++) { /* from the cache */
+        if (T_OK(sc_program_create(progs_ctx, &program_desc, &p[i])) == SC_OK)
+            atomic_fetch_add(&progs_made, 1);
+        else
+            p[i].id = 0;
+    }
+    pthread_barrier_wait(&start_line);
+    if (t == PROGRAM_THREADS - 1) {
+        sc_status s = T_EITHER(sc_context_destroy(progs_ctx), SC_OK, SC_ERR_LEAKED);
+        if (s == SC_ERR_LEAKED)
+            T_MSG("now freed");
+        return NULL;
+    }
+    /* The report: a heading and a line per program (sleeping, not spinning: the destroy
+     * must get on to its listing). */
+    for (long naps = 0; atomic_load(&progs_log->lines) < atomic_load(&progs_made) + 1; naps++)
+        if (naps < 100000)
+            nanosleep(&(struct timespec){0, 20 * 1000}, NULL);
+        else {
+            failed(__LINE__, "no leak report from sc_context_destroy");
+            break;
+        }
+    for (int i = PROGRAMS_EACH; i-- > 0;)
+        if (p[i].id)
+            T_EITHER(sc_program_destroy(p[i]), SC_OK, SC_ERR_STALE_HANDLE);
+    return NULL;
+}
+
 static void test_programs(void)
 {
     if (!have_nvrtc)
@@ -817,34 +862,75 @@ static void test_programs(void)
     }
     printf("programs: 2 compiled at once, %d read from the disk cache\n", cached);
 
-    REQUIRE(sc_program_create(prog_ctx,
-                              &(sc_program_desc){.source = program_src, .name = "scale.cu",
-                                                 .ptx = true, .name_expressions = program_names},
-                              &label_prog) == SC_OK);
+    REQUIRE(sc_program_create(prog_ctx, &program_desc, &label_prog) == SC_OK);
     atomic_store(&handed, 0);
     run_threads(label_handoff, 2);
     atomic_store(&loaders_done, 0);
     run_threads(label_listing, 4);
     CHECK_OK(sc_program_destroy(label_prog));
+
+    for (int round = 0; round < 16; round++) {
+        REQUIRE(sc_context_create(NULL, &progs_ctx) == SC_OK);
+        progs_log = sink_switch(NULL, to_sink);
+        atomic_store(&progs_made, 0);
+        run_threads(destroy_programs, PROGRAM_THREADS);
+        sc_set_log_callback(NULL, NULL);
+        free(progs_log);
+        CHECK(sci_registry_live_count(SCI_KIND_PROGRAM) == 0);
+    }
     size_t n = 99;
     CHECK_OK(sc_context_live_objects(prog_ctx, NULL, 0, &n));
     CHECK(n == 0);
     CHECK_OK(sc_context_destroy(prog_ctx));
 }
 
-/* ---- a context destroyed while other threads use its objects ------------------------------- */
+/* ---- a context destroyed while other threads use its objects and destroy their own ---- */
 
 static sc_context doomed_ctx;
 static sc_buffer dbuf[THREADS];
 static sc_stream dstream[THREADS];
 static sc_kernel dkernel;
 static atomic_int destroyed_flag;
+static atomic_long doomed_progress;
+static long destroy_after; /* rounds of work done by the others before the destroy */
+
+/* Objects of the thread's own, created and destroyed at once. The context's destroy may get
+ * there first: a create answers SC_ERR_STALE_HANDLE from then on, a destroy SC_OK or
+ * SC_ERR_STALE_HANDLE, never anything else (a destroy on another thread must not find the
+ * context freed, or its primary context released, under it). */
+static void make_and_destroy(int i)
+{
+    sc_event e;
+    if (T_EITHER(sc_event_create(doomed_ctx, NULL, &e), SC_OK, SC_ERR_STALE_HANDLE) == SC_OK) {
+        T_EITHER(sc_event_record(e, SC_DEFAULT_STREAM), SC_OK, SC_ERR_STALE_HANDLE);
+        T_EITHER(sc_event_destroy(e), SC_OK, SC_ERR_STALE_HANDLE);
+    }
+    sc_buffer b;
+    uint8_t v = 1;
+    if (T_EITHER(sc_buffer_create(doomed_ctx, &(sc_buffer_desc){.dtype = SC_U8, .count = 64}, &b),
+                 SC_OK, SC_ERR_STALE_HANDLE) == SC_OK) {
+        T_EITHER(sc_fill(SC_DEFAULT_STREAM, sc_view_of(b), &v), SC_OK, SC_ERR_STALE_HANDLE);
+        T_EITHER(sc_buffer_destroy(b), SC_OK, SC_ERR_STALE_HANDLE);
+    }
+    sc_stream s;
+    if (T_EITHER(sc_stream_create(doomed_ctx, NULL, &s), SC_OK, SC_ERR_STALE_HANDLE) == SC_OK)
+        T_EITHER(sc_stream_destroy(s), SC_OK, SC_ERR_STALE_HANDLE);
+    sc_host_buffer h;
+    if (T_EITHER(sc_host_buffer_create(doomed_ctx, &(sc_host_buffer_desc){.bytes = 64}, &h),
+                 SC_OK, SC_ERR_STALE_HANDLE) == SC_OK)
+        T_EITHER(sc_host_buffer_destroy(h), SC_OK, SC_ERR_STALE_HANDLE);
+    sc_module m;
+    if (i % 4 == 0 &&
+        T_EITHER(sc_module_load_image(doomed_ctx, fake_test_ptx, sizeof fake_test_ptx - 1, &m),
+                 SC_OK, SC_ERR_STALE_HANDLE) == SC_OK)
+        T_EITHER(sc_module_destroy(m), SC_OK, SC_ERR_STALE_HANDLE);
+}
 
 static void *use_while_destroyed(void *arg)
 {
     int t = index_of(arg);
     if (t == THREADS - 1) {
-        for (int i = 0; i < 20; i++)
+        while (atomic_load(&doomed_progress) < destroy_after)
             sched_yield();
         sc_status s = T_EITHER(sc_context_destroy(doomed_ctx), SC_OK, SC_ERR_LEAKED);
         if (s == SC_ERR_LEAKED)
@@ -871,12 +957,8 @@ static void *use_while_destroyed(void *arg)
                            sc_arg_u32(256)),
                  SC_OK, SC_ERR_STALE_HANDLE);
         T_EITHER(sc_stream_synchronize(dstream[t]), SC_OK, SC_ERR_STALE_HANDLE);
-        sc_event e;
-        if (T_EITHER(sc_event_create(doomed_ctx, NULL, &e), SC_OK, SC_ERR_STALE_HANDLE) ==
-            SC_OK) {
-            T_EITHER(sc_event_record(e, s), SC_OK, SC_ERR_STALE_HANDLE);
-            T_EITHER(sc_event_destroy(e), SC_OK, SC_ERR_STALE_HANDLE);
-        }
+        make_and_destroy(i);
+        atomic_fetch_add(&doomed_progress, 1);
     }
     /* Afterwards every handle of the context is stale. */
     while (!atomic_load(&destroyed_flag))
@@ -891,27 +973,36 @@ static void *use_while_destroyed(void *arg)
 static void test_destroy_while_used(void)
 {
     fake_counts before = fake_counts_now();
-    REQUIRE(sc_context_create(NULL, &doomed_ctx) == SC_OK);
-    for (int t = 0; t < THREADS - 1; t++) {
-        REQUIRE(sc_buffer_create(doomed_ctx, &(sc_buffer_desc){.dtype = SC_U32, .count = 256},
-                                 &dbuf[t]) == SC_OK);
-        REQUIRE(sc_stream_create(doomed_ctx, NULL, &dstream[t]) == SC_OK);
+    sink *log = sink_switch(NULL, to_sink); /* the leak reports go here, not to stderr */
+    for (int round = 0; round < 80; round++) {
+        REQUIRE(sc_context_create(NULL, &doomed_ctx) == SC_OK);
+        for (int t = 0; t < THREADS - 1; t++) {
+            REQUIRE(sc_buffer_create(doomed_ctx,
+                                     &(sc_buffer_desc){.dtype = SC_U32, .count = 256},
+                                     &dbuf[t]) == SC_OK);
+            REQUIRE(sc_stream_create(doomed_ctx, NULL, &dstream[t]) == SC_OK);
+        }
+        sc_module m;
+        REQUIRE(sc_module_load_image(doomed_ctx, fake_test_ptx, sizeof fake_test_ptx - 1,
+                                     &m) == SC_OK);
+        REQUIRE(sc_kernel_get(m, "add", &dkernel) == SC_OK);
+        atomic_store(&destroyed_flag, 0);
+        atomic_store(&doomed_progress, 0);
+        destroy_after = (THREADS - 1) * (1 + round % 4); /* at various points of the work */
+        run_threads(use_while_destroyed, THREADS);
+        /* Everything the context held is gone, whoever destroyed it, and the driver was
+         * never called on a released context. */
+        char diff[512];
+        if (fake_counts_diff(before, fake_counts_now(), diff, sizeof diff)) {
+            fprintf(stderr, "after a context destroyed while in use the fake holds: %s\n",
+                    diff);
+            test_failures++;
+        }
+        CHECK(fake.misuse_count() == 0);
     }
-    sc_module m;
-    REQUIRE(sc_module_load_image(doomed_ctx, fake_test_ptx, sizeof fake_test_ptx - 1, &m) ==
-            SC_OK);
-    REQUIRE(sc_kernel_get(m, "add", &dkernel) == SC_OK);
-    atomic_store(&destroyed_flag, 0);
-    sink *s = sink_switch(NULL, to_sink); /* the leak report goes here, not to stderr */
-    run_threads(use_while_destroyed, THREADS);
     sc_set_log_callback(NULL, NULL);
-    CHECK(atomic_load(&s->lines) > 0);
-    free(s);
-    char diff[512];
-    if (fake_counts_diff(before, fake_counts_now(), diff, sizeof diff)) {
-        fprintf(stderr, "after a context destroyed while in use the fake holds: %s\n", diff);
-        test_failures++;
-    }
+    CHECK(atomic_load(&log->lines) > 0);
+    free(log);
 }
 
 /* ---- a sticky error while 8 threads work ---------------------------------------------------- */
