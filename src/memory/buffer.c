@@ -183,12 +183,8 @@ sc_status sc_buffer_destroy(sc_buffer buffer)
 
 void sci_buffer_set_internal(sc_buffer buffer)
 {
-    sci_object *obj = NULL;
-    if (sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, "sci_buffer_set_internal", &obj) ==
-        SC_OK) {
-        obj->internal = true;
-        sci_registry_release(obj);
-    }
+    /* Under the registry's lock: sc_context_live_objects reads the flag on other threads. */
+    sci_registry_mark_internal(SCI_KIND_BUFFER, buffer.id);
 }
 
 sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props)

@@ -16,6 +16,7 @@
  *              kernels, buffers used by a neighbour while their owner destroys them, one
  *              buffer destroyed by two threads at once, live-object and memory queries while
  *              others allocate, the log callback switched while others log;
+ *   internal   buffers marked internal while other threads list the live objects;
  *   programs   NVRTC programs compiled and read from the disk cache by several threads;
  *              modules loaded from them and read by another thread the moment they are
  *              published, or listed while others load; programs destroyed while their
@@ -40,6 +41,7 @@
 #include "driver/driver.h"
 #include "fake_control.h"
 #include "fake_ptx.h"
+#include "memory/buffer.h"
 
 #define THREADS 8
 #define SLICE 1024        /* u32 elements of the shared buffer per thread */
@@ -685,6 +687,47 @@ static void test_hammer(void)
     CHECK_OK(sc_context_destroy(ctx));
 }
 
+/* ---- internal buffers marked while other threads list the live objects ------------------ */
+
+/* The library marks its own buffers (the MoE layer's workspaces) internal after creating
+ * them; sc_context_live_objects reads the mark on other threads. */
+static sc_context marks_ctx;
+static atomic_int markers_done;
+
+static void *marks_worker(void *arg)
+{
+    int t = index_of(arg);
+    if (t % 2 == 0) {
+        for (int i = 0; i < 1000; i++) {
+            sc_buffer b;
+            if (T_OK(sc_buffer_create(marks_ctx, &(sc_buffer_desc){.dtype = SC_U8, .count = 8},
+                                      &b)) != SC_OK)
+                continue;
+            sci_buffer_set_internal(b);
+            T_OK(sc_buffer_destroy(b));
+        }
+        atomic_fetch_add_explicit(&markers_done, 1, memory_order_relaxed);
+        return NULL;
+    }
+    while (atomic_load_explicit(&markers_done, memory_order_relaxed) < 2) {
+        size_t n = 99;
+        T_OK(sc_context_live_objects(marks_ctx, NULL, 0, &n));
+        T_CHECK(n <= 2); /* at most the markers' buffers not marked yet */
+    }
+    return NULL;
+}
+
+static void test_internal_marks(void)
+{
+    REQUIRE(sc_context_create(NULL, &marks_ctx) == SC_OK);
+    atomic_store(&markers_done, 0);
+    run_threads(marks_worker, 4);
+    size_t n = 99;
+    CHECK_OK(sc_context_live_objects(marks_ctx, NULL, 0, &n));
+    CHECK(n == 0);
+    CHECK_OK(sc_context_destroy(marks_ctx));
+}
+
 /* ---- programs: NVRTC and the disk cache from several threads -------------------------------- */
 
 static const char program_src[] =
@@ -1129,6 +1172,7 @@ int main(void)
     test_first_use();
     test_log_switch();
     test_hammer();
+    test_internal_marks();
     test_programs();
     test_destroy_while_used();
     test_loss();
