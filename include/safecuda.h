@@ -123,7 +123,11 @@ SC_API void sc_clear_error(void);
 typedef enum sc_log_level { SC_LOG_DEBUG, SC_LOG_INFO, SC_LOG_WARN, SC_LOG_ERROR } sc_log_level;
 typedef void (*sc_log_fn)(sc_log_level level, const char *message, void *user);
 
-/* Route library messages to fn (NULL restores the stderr default). Thread-safe. */
+/* Route library messages to fn (NULL restores the stderr default). Thread-safe: the
+ * callback may run on several threads at once, and once this returns no other thread is
+ * still running the previous callback, so its user data may be freed (it waits for the
+ * calls in progress; don't call it while holding a lock the callback takes). Called from
+ * inside a callback it returns at once, without waiting. */
 SC_API void sc_set_log_callback(sc_log_fn fn, void *user);
 
 /* ======================================================================================

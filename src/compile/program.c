@@ -358,12 +358,18 @@ fail_ctx:
 
 static sc_status program_destroy(uint64_t id, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_PROGRAM, id, fn, &obj);
+    /* Not for the context's sake (a program does not use it once compiled), but so that
+     * sc_context_destroy, listing its programs, never finds one gone under it. */
+    sci_context *pin = NULL;
+    sc_status s = sci_context_pin(SCI_KIND_PROGRAM, id, fn, &pin);
     if (s != SC_OK)
         return s;
-    program_free((sci_program *)obj);
-    return SC_OK;
+    sci_object *obj = NULL;
+    s = sci_registry_remove(SCI_KIND_PROGRAM, id, fn, &obj);
+    if (s == SC_OK)
+        program_free((sci_program *)obj);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_program_destroy(sc_program program)

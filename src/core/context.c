@@ -233,6 +233,41 @@ sc_status sci_context_acquire(sc_context h, const char *fn, sci_context **out)
 
 void sci_context_release(sci_context *c) { sci_registry_release(&c->obj); }
 
+/* ---- destroys on other threads ---------------------------------------------------------- */
+
+/* The context sc_context_destroy is destroying on this thread (0: none): the destroys of its
+ * objects that it runs need no reference on it. */
+static _Thread_local uint64_t destroying;
+
+sc_status sci_context_pin(sci_kind kind, uint64_t id, const char *fn, sci_context **pinned)
+{
+    *pinned = NULL;
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(kind, id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    const uint64_t owner = obj->owner;
+    const char *file = obj->file;
+    const int line = obj->line;
+    sci_registry_release(obj);
+    if (owner == 0 || owner == destroying)
+        return SC_OK;
+    sci_object *co = NULL;
+    if (sci_registry_acquire(SCI_KIND_CONTEXT, owner, fn, &co) != SC_OK)
+        return sci_fail(SC_ERR_STALE_HANDLE, fn,
+                        "stale %s handle: the %s created at %s:%d is being destroyed with its "
+                        "context",
+                        sci_kind_name(kind), sci_kind_name(kind), sci_basename(file), line);
+    *pinned = (sci_context *)co;
+    return SC_OK;
+}
+
+void sci_context_unpin(sci_context *pinned)
+{
+    if (pinned)
+        sci_registry_release(&pinned->obj);
+}
+
 /* ---- create / destroy ---------------------------------------------------------------------- */
 
 sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, const char *file,
@@ -270,10 +305,11 @@ sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, con
         s = sci_fail_cu(r, fn, "cuCtxSetCurrent(device %d) failed", d.device);
         goto fail_release;
     }
-    s = sci_registry_insert(&c->obj, SCI_KIND_CONTEXT, 0, NULL, file, line, fn);
+    char label[32];
+    snprintf(label, sizeof label, "device %d", d.device);
+    s = sci_registry_insert(&c->obj, SCI_KIND_CONTEXT, 0, label, file, line, fn);
     if (s != SC_OK)
         goto fail_release;
-    snprintf(c->obj.label, sizeof c->obj.label, "device %d", d.device);
     out->id = c->obj.id;
     return SC_OK;
 
@@ -319,6 +355,8 @@ sc_status sc_context_destroy(sc_context h)
 {
     static const char fn[] = "sc_context_destroy";
     sci_object *obj = NULL;
+    /* Waits for every reference, the destroys of its objects running on other threads
+     * included (sci_context_pin); none can be taken from now on. */
     sc_status s = sci_registry_remove(SCI_KIND_CONTEXT, h.id, fn, &obj);
     if (s != SC_OK)
         return s;
@@ -326,6 +364,8 @@ sc_status sc_context_destroy(sc_context h)
     sci_release rl;
     sci_release_begin(&rl, c, fn);
     sci_release_make_current(&rl);
+    const uint64_t outer = destroying;
+    destroying = c->obj.id;
 
     /* Every object still alive (the default stream included) goes through its kind's
      * destroy, which reports its own release failures. */
@@ -337,6 +377,7 @@ sc_status sc_context_destroy(sc_context h)
             sci_release_status(&rl, sci_registry_destroy_by_id(destroy_order[k], ids[i]));
         free(ids);
     }
+    destroying = outer;
     if (sci_release_live(&rl))
         sci_release_check(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
     for (int i = 0; i < n_teardowns; i++)

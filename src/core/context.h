@@ -99,6 +99,18 @@ bool sci_release_live(const sci_release *rl);
 /* The destroy's status; restores the first failure's message. */
 sc_status sci_release_end(sci_release *rl);
 
+/* ---- destroys on other threads ------------------------------------------------------------
+ * sc_context_destroy frees the context once no reference to it is left; a destroy of one of
+ * its objects that uses the context after unpublishing the object (the release calls, the
+ * accounting, the default stream) holds a reference from before that until its end, so the
+ * context is never freed under it. sci_context_pin takes that reference for the object id
+ * of kind names (*pinned stays NULL when none is needed: a destroy that sc_context_destroy
+ * runs itself, on its thread); if the context is being destroyed by another thread, that
+ * destroy frees the object: SC_ERR_STALE_HANDLE, message set. sci_context_unpin(NULL) does
+ * nothing. */
+sc_status sci_context_pin(sci_kind kind, uint64_t id, const char *fn, sci_context **pinned);
+void sci_context_unpin(sci_context *pinned);
+
 /* Functions run by sc_context_destroy after every object is freed and before the primary
  * context is released (e.g. destroying the memory pool); they report their driver calls
  * through rl. Register at load time. */

@@ -320,6 +320,20 @@ void sci_registry_debug_set_generation(sci_kind kind, uint64_t id, uint32_t gene
     pthread_mutex_unlock(&r->lock);
 }
 
+bool sci_registry_mark_internal(sci_kind kind, uint64_t id)
+{
+    registry *r = &registries[kind];
+    pthread_mutex_lock(&r->lock);
+    uint32_t slot = sci_id_slot(id);
+    entry *e = slot < r->used ? &r->entries[slot] : NULL;
+    bool live = e && e->obj && !e->removing && e->generation == sci_id_generation(id) &&
+                sci_id_kind(id) == kind;
+    if (live)
+        e->obj->internal = true;
+    pthread_mutex_unlock(&r->lock);
+    return live;
+}
+
 sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id)
 {
     registry *r = &registries[kind];

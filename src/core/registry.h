@@ -82,6 +82,10 @@ size_t sci_registry_list(sci_kind kind, uint64_t owner, uint64_t **ids);
  * in creation order (kind by kind). Writes up to capacity entries; returns the count. */
 size_t sci_registry_describe(uint64_t owner, sc_object_info *out, size_t capacity);
 
+/* Mark a live object as the library's own (never a leak), under the registry's lock: other
+ * threads read the flag when they list live objects. False if id names no live object. */
+bool sci_registry_mark_internal(sci_kind kind, uint64_t id);
+
 /* Destroy a (leaked) object through its kind's destroy function; its status. */
 sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id);
 

@@ -100,7 +100,8 @@ static sc_status load_module(sci_context *ctx, const char *file, const char *sou
     s = sci_program_acquire(prog, fn, &p);
     if (s == SC_OK) {
         s = sci_module_load(ctx, p->out.image, p->out.image_size, p->out.is_ptx, p->out.n_names,
-                            p->out.exprs, p->out.lowered, true, __FILE__, __LINE__, fn, out);
+                            p->out.exprs, p->out.lowered, true, NULL, __FILE__, __LINE__, fn,
+                            out);
         sci_program_release(p);
     }
     sc_program_destroy(prog);

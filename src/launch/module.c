@@ -57,8 +57,8 @@ static void free_names(size_t n, char **exprs, char **lowered)
 
 sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool is_ptx,
                           size_t n_names, char *const *exprs, char *const *lowered,
-                          bool internal, const char *file, int line, const char *fn,
-                          sci_module **out)
+                          bool internal, const char *label, const char *file, int line,
+                          const char *fn, sci_module **out)
 {
     (void)bytes;
     sci_module *m = calloc(1, sizeof *m);
@@ -95,7 +95,9 @@ sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool 
         return s;
     }
     m->obj.internal = internal;
-    sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, NULL, file, line, fn);
+    /* Whole before it is published: other threads may list it from then on. */
+    sc_status s = sci_registry_insert(&m->obj, SCI_KIND_MODULE, c->obj.id, label, file, line,
+                                      fn);
     if (s != SC_OK) {
         s = sci_context_cleanup_cu(c, s, sci_cuModuleUnload(m->cu), "cuModuleUnload");
         free_names(m->n_names, m->exprs, m->lowered);
@@ -129,11 +131,10 @@ sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module *modul
     } else {
         sci_module *m = NULL;
         s = sci_module_load(c, p->out.image, p->out.image_size, p->out.is_ptx, p->out.n_names,
-                            p->out.exprs, p->out.lowered, false, file, line, fn, &m);
-        if (s == SC_OK) {
-            snprintf(m->obj.label, sizeof m->obj.label, "%s", p->obj.label);
+                            p->out.exprs, p->out.lowered, false, p->obj.label, file, line, fn,
+                            &m);
+        if (s == SC_OK)
             module->id = m->obj.id;
-        }
     }
     sci_program_release(p);
     sci_context_release(c);
@@ -168,8 +169,8 @@ sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t by
         ptx[bytes] = '\0';
     }
     sci_module *m = NULL;
-    s = sci_module_load(c, ptx ? ptx : image, bytes, ptx != NULL, 0, NULL, NULL, false, file,
-                        line, fn, &m);
+    s = sci_module_load(c, ptx ? ptx : image, bytes, ptx != NULL, 0, NULL, NULL, false, NULL,
+                        file, line, fn, &m);
     free(ptx);
     if (s == SC_OK)
         module->id = m->obj.id;
@@ -231,7 +232,7 @@ static sc_status kernel_remove(uint64_t id, const char *fn)
     return s;
 }
 
-static sc_status module_destroy(uint64_t id, const char *fn)
+static sc_status module_remove(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_MODULE, id, fn, &obj);
@@ -258,6 +259,17 @@ static sc_status module_destroy(uint64_t id, const char *fn)
     free_names(m->n_names, m->exprs, m->lowered);
     free(m);
     return sci_release_end(&rl);
+}
+
+static sc_status module_destroy(uint64_t id, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_MODULE, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = module_remove(id, fn);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_module_destroy(sc_module module)

@@ -35,11 +35,12 @@ typedef struct sci_kernel {
 sc_status sci_kernel_acquire(sc_kernel h, const char *fn, sci_kernel **out);
 void sci_kernel_release(sci_kernel *k);
 
-/* Load a module from an image for ctx (internal modules are not reported as leaks). */
+/* Load a module from an image for ctx (internal modules are not reported as leaks); label
+ * may be NULL. */
 sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool is_ptx,
                           size_t n_names, char *const *exprs, char *const *lowered,
-                          bool internal, const char *file, int line, const char *fn,
-                          sci_module **out);
+                          bool internal, const char *label, const char *file, int line,
+                          const char *fn, sci_module **out);
 /* Get a kernel of a module (internal kernels are not reported as leaks). */
 sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const char *file,
                          int line, const char *fn, sc_kernel *out);

@@ -124,7 +124,7 @@ static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
     return sci_context_default_stream(b->ctx, fn, out);
 }
 
-sc_status sci_buffer_destroy(uint64_t id, const char *fn)
+static sc_status buffer_destroy(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_BUFFER, id, fn, &obj);
@@ -165,6 +165,17 @@ sc_status sci_buffer_destroy(uint64_t id, const char *fn)
     return sci_release_end(&rl);
 }
 
+sc_status sci_buffer_destroy(uint64_t id, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_BUFFER, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = buffer_destroy(id, fn);
+    sci_context_unpin(pin);
+    return s;
+}
+
 sc_status sc_buffer_destroy(sc_buffer buffer)
 {
     return sci_buffer_destroy(buffer.id, "sc_buffer_destroy");
@@ -172,12 +183,8 @@ sc_status sc_buffer_destroy(sc_buffer buffer)
 
 void sci_buffer_set_internal(sc_buffer buffer)
 {
-    sci_object *obj = NULL;
-    if (sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, "sci_buffer_set_internal", &obj) ==
-        SC_OK) {
-        obj->internal = true;
-        sci_registry_release(obj);
-    }
+    /* Under the registry's lock: sc_context_live_objects reads the flag on other threads. */
+    sci_registry_mark_internal(SCI_KIND_BUFFER, buffer.id);
 }
 
 sc_status sc_buffer_info(sc_buffer buffer, sc_buffer_props *props)

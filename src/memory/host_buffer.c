@@ -109,7 +109,7 @@ static sc_status wait_idle(sci_host_buffer *h, bool try_only, const char *fn)
     return s;
 }
 
-static sc_status host_destroy(uint64_t id, bool try_only, const char *fn)
+static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
 {
     if (try_only) {
         sci_host_buffer *h = NULL;
@@ -149,6 +149,17 @@ static sc_status host_destroy(uint64_t id, bool try_only, const char *fn)
     }
     free(h);
     return sci_release_end(&rl);
+}
+
+static sc_status host_destroy(uint64_t id, bool try_only, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_HOST_BUFFER, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = host_remove(id, try_only, fn);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_host_buffer_destroy(sc_host_buffer host)

@@ -170,9 +170,13 @@ sc_status sc_context_trim(sc_context ctx)
     if (s != SC_OK)
         return s;
     CUresult r = sci_cuCtxSynchronize();
+    /* The pool is created under c->lock by the first allocation, maybe on another thread. */
+    pthread_mutex_lock(&c->lock);
+    CUmemoryPool pool = c->pool;
+    pthread_mutex_unlock(&c->lock);
     if (r != CUDA_SUCCESS)
         s = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");
-    else if (c->pool && (r = sci_cuMemPoolTrimTo(c->pool, 0)) != CUDA_SUCCESS)
+    else if (pool && (r = sci_cuMemPoolTrimTo(pool, 0)) != CUDA_SUCCESS)
         s = sci_context_fail_cu(c, r, fn, "cuMemPoolTrimTo failed");
     sci_context_release(c);
     return s;

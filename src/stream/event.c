@@ -79,10 +79,16 @@ sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc, sc_event
 
 static sc_status event_destroy(uint64_t id, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_EVENT, id, fn, &obj);
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_EVENT, id, fn, &pin);
     if (s != SC_OK)
         return s;
+    sci_object *obj = NULL;
+    s = sci_registry_remove(SCI_KIND_EVENT, id, fn, &obj);
+    if (s != SC_OK) {
+        sci_context_unpin(pin);
+        return s;
+    }
     sci_event *e = (sci_event *)obj;
     sci_release rl;
     sci_release_begin(&rl, e->ctx, fn);
@@ -90,7 +96,9 @@ static sc_status event_destroy(uint64_t id, const char *fn)
     /* The driver keeps the event until the waits enqueued on it are done. */
     sci_release_check(&rl, sci_cuEventDestroy(e->cu), "cuEventDestroy failed");
     free(e);
-    return sci_release_end(&rl);
+    s = sci_release_end(&rl);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_event_destroy(sc_event event) { return event_destroy(event.id, "sc_event_destroy"); }

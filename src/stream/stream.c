@@ -166,7 +166,7 @@ sc_status sc_context_default_stream(sc_context ctx, sc_stream *stream)
     return s;
 }
 
-static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
+static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
 {
     if (!allow_default) {
         sci_object *obj = NULL;
@@ -199,6 +199,17 @@ static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
     }
     free(st);
     return sci_release_end(&rl);
+}
+
+static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(SCI_KIND_STREAM, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = stream_remove(id, allow_default, fn);
+    sci_context_unpin(pin);
+    return s;
 }
 
 sc_status sc_stream_destroy(sc_stream stream)
