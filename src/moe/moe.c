@@ -331,7 +331,17 @@ static sc_status moe_destroy(uint64_t id, const char *fn)
     return s;
 }
 
-sc_status sc_moe_destroy(sc_moe layer) { return moe_destroy(layer.id, "sc_moe_destroy"); }
+sc_status sc_moe_destroy(sc_moe layer)
+{
+    static const char fn[] = "sc_moe_destroy";
+    sci_context *pin = NULL; /* the context outlives the destroy (as for a buffer's) */
+    sc_status s = sci_context_pin(SCI_KIND_MOE, layer.id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    s = moe_destroy(layer.id, fn);
+    sci_context_unpin(pin);
+    return s;
+}
 
 sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
 {
