@@ -101,6 +101,9 @@ typedef enum sc_status {
     SC_ERR_IO,                 /* a file could not be read or written */
     SC_ERR_LIMIT,              /* an internal limit was reached (e.g. too many objects) */
     SC_ERR_INTERNAL,           /* a bug in safecuda: please report it */
+    SC_ERR_CAPTURE,            /* not allowed while a stream capture is in progress (nothing
+                                  was done; the capture is still usable) */
+    SC_ERR_CAPTURE_INVALIDATED, /* the capture was invalidated: it produced no graph */
     SC_STATUS_COUNT
 } sc_status;
 
@@ -845,6 +848,122 @@ SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_l
     sc_kernel_launch((stream), (kernel), (desc), (const sc_arg[]){__VA_ARGS__},     \
                      sizeof((const sc_arg[]){__VA_ARGS__}) / sizeof(sc_arg))
 #endif
+
+/* ======================================================================================
+ * CUDA graphs: capture, checked replay, update
+ *
+ * A stream's work can be captured into a graph instead of running: between
+ * sc_stream_begin_capture and sc_stream_end_capture every copy, fill, checked launch,
+ * event record and wait, and sc_moe_forward enqueued on the stream is recorded. The graph
+ * is instantiated into an executable graph and launched (replayed) with one call on any
+ * stream of the context; replays run the recorded work again with the same arguments, so
+ * new inputs are copied into the captured buffers between replays.
+ *
+ * The rules, in the order a capture meets them:
+ *   - A capture begins on one stream (its origin) in one of CUDA's three modes. Work is
+ *     forked onto other streams of the context as in CUDA: record an event on a capturing
+ *     stream, make another stream wait on it (that stream joins the capture); before the
+ *     capture ends, the origin must wait on an event recorded after the forked work (the
+ *     join), else the capture ends invalidated (SC_ERR_CAPTURE_INVALIDATED, no graph). A
+ *     global or thread-local capture ends on the thread that began it.
+ *   - Captured work does not run, so it does not count as a use of its buffers: it is
+ *     ordered only against the capture's own work (automatic ordering between the
+ *     capture's streams becomes graph dependencies) and never waits for work outside the
+ *     capture. Buffers used before the capture began are ordered against the replay
+ *     instead, when it is launched.
+ *   - Calls that can't be part of a graph fail with SC_ERR_CAPTURE and do nothing, leaving
+ *     the capture usable (the message names the capturing stream): on a capturing stream,
+ *     a pageable host copy (it waits for the stream), a stream synchronize or query, a
+ *     buffer create, an MoE forward that would grow its workspace (reserve it before with
+ *     sc_moe_reserve) or asks for a profile, a launch of an executable graph; a wait on an
+ *     event recorded outside the capture; a host wait, query or timing on an event last
+ *     recorded inside a capture; and, while a GLOBAL capture is open anywhere in the process
+ *     (or a THREAD_LOCAL one on the calling thread), the calls CUDA forbids during capture
+ *     because they would synchronize or allocate outside a stream: pageable copies on any
+ *     stream, sc_context_synchronize, sc_context_trim, creating pinned host buffers,
+ *     creating programs' modules (sc_module_load*), sc_moe_create. RELAXED captures forbid
+ *     only the stream-bound calls.
+ *   - Destroys always destroy: a buffer destroyed during a capture is freed after its uses
+ *     outside it (a graph that captured it is then refused at launch); a pinned host buffer
+ *     or module destroyed while a capture forbids the release has its release deferred
+ *     until that capture ends; destroying a stream that takes part in a capture abandons the
+ *     capture (no graph).
+ *   - An executable graph remembers every buffer, pinned host buffer and kernel its work
+ *     uses (tensor maps as their buffers), with the union of each one's accesses. A launch
+ *     first checks that all are alive (a destroyed one is SC_ERR_STALE_HANDLE naming it and
+ *     the graph's creation site; nothing runs), then orders itself as one operation with
+ *     those accesses after conflicting work on other streams, and later conflicting work
+ *     waits for it; an object destroyed while a replay is in flight is freed after it.
+ * ==================================================================================== */
+
+typedef struct sc_graph { uint64_t id; } sc_graph;
+typedef struct sc_graph_exec { uint64_t id; } sc_graph_exec;
+
+typedef enum sc_capture_mode {
+    SC_CAPTURE_GLOBAL = 0,   /* CUDA's default: unsafe calls refused process-wide */
+    SC_CAPTURE_THREAD_LOCAL, /* unsafe calls refused on the capturing thread only */
+    SC_CAPTURE_RELAXED       /* no calls refused beyond the capturing streams' own */
+} sc_capture_mode;
+
+typedef struct sc_capture_desc {
+    sc_capture_mode mode;
+} sc_capture_desc;
+
+/* Begin capturing stream's work (desc may be NULL: global mode). SC_ERR_CAPTURE when the
+ * stream already takes part in a capture; SC_ERR_INVALID_ARGUMENT for the default stream
+ * given as a handle of another context or an invalid mode. */
+SC_API sc_status sc_stream_begin_capture(sc_stream stream, const sc_capture_desc *desc);
+
+/* End the capture begun on stream and give its graph. Every stream of the capture leaves
+ * it, whatever the answer. SC_ERR_INVALID_ARGUMENT when stream is not capturing or is not
+ * the capture's origin; SC_ERR_CAPTURE when a global or thread-local capture is ended on
+ * another thread than the one that began it (the capture goes on); SC_ERR_CAPTURE_INVALIDATED
+ * when the driver invalidated the capture or forked work was never joined (the message
+ * says why; *graph is the zero handle). Use the macro: it records the call site. */
+SC_API sc_status sc_stream_end_capture_at(sc_stream stream, sc_graph *graph, const char *file,
+                                          int line);
+#define sc_stream_end_capture(...) sc_stream_end_capture_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Whether stream takes part in a capture now. */
+SC_API sc_status sc_stream_is_capturing(sc_stream stream, bool *capturing);
+
+typedef struct sc_graph_props {
+    uint64_t nodes;        /* the graph's nodes */
+    uint64_t buffers;      /* buffers its work uses */
+    uint64_t host_buffers; /* pinned host buffers its work uses */
+    uint64_t kernels;      /* kernels it launches */
+} sc_graph_props;
+
+SC_API sc_status sc_graph_info(sc_graph graph, sc_graph_props *props);
+SC_API sc_status sc_graph_destroy(sc_graph graph);
+
+/* Instantiate the graph into an executable graph (which keeps its own copy: the graph may
+ * be destroyed afterwards). SC_ERR_STALE_HANDLE when an object the graph uses was
+ * destroyed. Use the macro: it records the call site. */
+SC_API sc_status sc_graph_instantiate_at(sc_graph graph, sc_graph_exec *exec, const char *file,
+                                         int line);
+#define sc_graph_instantiate(...) sc_graph_instantiate_at(__VA_ARGS__, __FILE__, __LINE__)
+SC_API sc_status sc_graph_exec_destroy(sc_graph_exec exec);
+SC_API sc_status sc_graph_exec_info(sc_graph_exec exec, sc_graph_props *props);
+
+/* Launch (replay) the executable graph on stream (SC_DEFAULT_STREAM: the exec's context's
+ * default stream), checked and ordered as described above. SC_ERR_STALE_HANDLE when an
+ * object it uses was destroyed (nothing runs); SC_ERR_CAPTURE on a capturing stream. */
+SC_API sc_status sc_graph_launch(sc_stream stream, sc_graph_exec exec);
+
+typedef enum sc_graph_update_result {
+    SC_GRAPH_UPDATED = 0,   /* the executable graph was updated in place */
+    SC_GRAPH_REINSTANTIATED /* the change could not be made in place (another topology,
+                               node types or functions): the exec was instantiated anew from
+                               graph, same handle; the message says why */
+} sc_graph_update_result;
+
+/* Make exec run graph's work from its next launch on: in place (cuGraphExecUpdate) when
+ * the graphs have the same shape, else by instantiating graph anew. The remembered objects
+ * become graph's. Launches already in flight are not affected. *result (may be NULL) says
+ * which happened. SC_ERR_WRONG_CONTEXT for a graph of another context. */
+SC_API sc_status sc_graph_exec_update(sc_graph_exec exec, sc_graph graph,
+                                      sc_graph_update_result *result);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -105,6 +105,14 @@ typedef struct sc_moe_forward_desc {
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
 
+/* Make the layer's workspace large enough for forwards of up to max_tokens tokens now
+ * (stream-ordered on stream), so that a forward inside a stream capture never has to grow
+ * it (a growth can't be captured: such a forward is refused with SC_ERR_CAPTURE). Nothing
+ * when it is large enough already. SC_ERR_INVALID_ARGUMENT for 0 or more tokens than one
+ * forward takes; SC_ERR_CAPTURE when stream is capturing and the workspace must grow;
+ * SC_ERR_OUT_OF_MEMORY / SC_ERR_BUDGET_EXCEEDED. */
+SC_API sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens);
+
 /* Bytes of device workspace the layer holds now (0 before its first forward if create
  * reserved none). */
 SC_API sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes);

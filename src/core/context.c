@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/context.h"
+#include "core/guard.h"
 #include "core/device.h"
 #include "core/library.h"
 #include "core/log.h"
@@ -324,7 +325,7 @@ fail_free:
 
 /* Kinds in the order their leaked objects are freed: users before what they use. */
 static const sci_kind destroy_order[] = {
-    SCI_KIND_MOE,    SCI_KIND_KERNEL, SCI_KIND_MODULE,      SCI_KIND_PROGRAM, SCI_KIND_EVENT,
+    SCI_KIND_GRAPH_EXEC, SCI_KIND_GRAPH, SCI_KIND_MOE,    SCI_KIND_KERNEL, SCI_KIND_MODULE,      SCI_KIND_PROGRAM, SCI_KIND_EVENT,
     SCI_KIND_BUFFER, SCI_KIND_HOST_BUFFER, SCI_KIND_STREAM, SCI_KIND_TEST_A,  SCI_KIND_TEST_B,
 };
 
@@ -423,8 +424,11 @@ sc_status sc_context_device(sc_context h, int *device)
 sc_status sc_context_synchronize(sc_context h)
 {
     static const char fn[] = "sc_context_synchronize";
+    sc_status s = sci_guard_refuse(fn, "synchronizing the context");
+    if (s != SC_OK)
+        return s;
     sci_context *c = NULL;
-    sc_status s = sci_context_acquire(h, fn, &c);
+    s = sci_context_acquire(h, fn, &c);
     if (s != SC_OK)
         return s;
     CUresult r = sci_cuCtxSynchronize();

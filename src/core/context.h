@@ -26,6 +26,7 @@ typedef struct sci_context {
     uint64_t pinned_bytes;
     CUmemoryPool pool;           /* created by src/memory/ on first use */
     uint64_t default_stream_id;  /* created by src/stream/ on first use */
+    uint64_t service_stream_id;  /* likewise (see sci_context_service_stream) */
 
     /* Health. lost_lock guards only the marking (never held across another call), so a
      * context can be marked lost from code that holds any other lock, lock included. */

@@ -36,6 +36,8 @@ static const char *const status_names[SC_STATUS_COUNT] = {
     [SC_ERR_IO] = "SC_ERR_IO",
     [SC_ERR_LIMIT] = "SC_ERR_LIMIT",
     [SC_ERR_INTERNAL] = "SC_ERR_INTERNAL",
+    [SC_ERR_CAPTURE] = "SC_ERR_CAPTURE",
+    [SC_ERR_CAPTURE_INVALIDATED] = "SC_ERR_CAPTURE_INVALIDATED",
 };
 
 const char *sc_status_name(sc_status status)
@@ -170,6 +172,14 @@ sc_status sci_status_from_cu(CUresult r)
         return SC_ERR_NO_DEVICE;
     if (r == CUDA_ERROR_NOT_SUPPORTED)
         return SC_ERR_NOT_SUPPORTED;
+    /* A capture the driver refused or invalidated: not a device fault, the context stays. */
+    if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+        return SC_ERR_CAPTURE_INVALIDATED;
+    if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == CUDA_ERROR_STREAM_CAPTURE_MERGE ||
+        r == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED || r == CUDA_ERROR_STREAM_CAPTURE_ISOLATION ||
+        r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || r == CUDA_ERROR_CAPTURED_EVENT ||
+        r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+        return SC_ERR_CAPTURE;
     if (sci_cu_error_is_sticky(r))
         return SC_ERR_CONTEXT_LOST;
     return SC_ERR_DRIVER;

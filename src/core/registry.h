@@ -30,6 +30,8 @@ typedef enum sci_kind {
     SCI_KIND_MODULE,
     SCI_KIND_KERNEL,
     SCI_KIND_MOE,
+    SCI_KIND_GRAPH,
+    SCI_KIND_GRAPH_EXEC,
     SCI_KIND_TEST_A, /* for the registry's own tests */
     SCI_KIND_TEST_B,
     SCI_KIND_COUNT

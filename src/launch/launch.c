@@ -5,6 +5,7 @@
 #include "driver/driver.h"
 #include "launch/module.h"
 #include "memory/buffer.h"
+#include "stream/capture.h"
 
 static const char *arg_kind_name(sc_arg_kind k)
 {
@@ -287,7 +288,8 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
         sci_stream *st = NULL;
         s = sci_stream_resolve(stream, k->ctx, fn, &st);
         if (s == SC_OK) {
-            s = sci_access_begin(acc, n_acc, st, k->ctx->tracking, fn);
+            struct sci_capture *cap = NULL;
+            s = sci_access_begin(acc, n_acc, st, k->ctx->tracking, fn, &cap);
             if (s == SC_OK) {
                 CUresult r;
                 if (desc->programmatic && k->ctx->props.cc_major >= 9 &&
@@ -304,7 +306,9 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
                                            block.z, desc->shared_bytes, st->cu,
                                            nargs ? params : NULL, NULL);
                 }
-                s = sci_access_end(acc, n_acc, st, r == CUDA_SUCCESS, fn);
+                if (cap && r == CUDA_SUCCESS) /* the graph launches it: it must stay alive */
+                    sci_capture_remember_locked(cap, k->obj.id, 0);
+                s = sci_access_end(acc, n_acc, st, cap, r == CUDA_SUCCESS, fn);
                 if (r != CUDA_SUCCESS)
                     s = sci_context_fail_cu(k->ctx, r, fn, "cuLaunchKernel('%s')", k->display);
             }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "compile/program.h"
+#include "core/guard.h"
 #include "core/log.h"
 #include "driver/driver.h"
 #include "launch/module.h"
@@ -55,12 +56,17 @@ static void free_names(size_t n, char **exprs, char **lowered)
     free(lowered);
 }
 
+static void unload_module(void *cu) { sci_cuModuleUnload((CUmodule)cu); }
+
 sc_status sci_module_load(sci_context *c, const void *image, size_t bytes, bool is_ptx,
                           size_t n_names, char *const *exprs, char *const *lowered,
                           bool internal, const char *label, const char *file, int line,
                           const char *fn, sci_module **out)
 {
     (void)bytes;
+    sc_status refused = sci_guard_refuse(fn, "loading a module");
+    if (refused != SC_OK)
+        return refused;
     sci_module *m = calloc(1, sizeof *m);
     if (!m)
         return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -255,7 +261,11 @@ static sc_status module_remove(uint64_t id, const char *fn)
     sci_release rl;
     sci_release_begin(&rl, m->ctx, fn);
     sci_release_make_current(&rl);
-    sci_release_check(&rl, sci_cuModuleUnload(m->cu), "cuModuleUnload failed");
+    /* An unload would invalidate a capture that forbids it: it waits for its end then. */
+    if (sci_guard_active())
+        sci_guard_defer(unload_module, m->cu);
+    else
+        sci_release_check(&rl, sci_cuModuleUnload(m->cu), "cuModuleUnload failed");
     free_names(m->n_names, m->exprs, m->lowered);
     free(m);
     return sci_release_end(&rl);

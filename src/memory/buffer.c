@@ -4,6 +4,7 @@
 
 #include "memory/buffer.h"
 #include "memory/pool.h"
+#include "stream/capture.h"
 
 static void describe_buffer(const sci_object *obj, sc_object_info *info)
 {
@@ -63,6 +64,9 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
         sci_context_release(c);
         return s;
     }
+    /* An allocation on a capturing stream would become part of the graph. */
+    if ((s = sci_capture_refuse_stream(st, fn, "creating a buffer on it")) != SC_OK)
+        goto out;
     sci_buffer *b = calloc(1, sizeof *b);
     if (!b) {
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate a buffer record");
@@ -110,18 +114,21 @@ out:
 }
 
 /* The stream to free on: the last stream that used the buffer if it still exists, else
- * the default stream. Returns a referenced stream. */
+ * the default stream; the context's service stream instead of one that is capturing (the
+ * free would become part of the graph). Returns a referenced stream. */
 static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
 {
     uint64_t id = sci_tracker_last_stream(&b->tracker);
-    if (id) {
-        sci_object *obj = NULL;
-        if (sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj) == SC_OK) {
-            *out = (sci_stream *)obj;
-            return SC_OK;
-        }
-    }
-    return sci_context_default_stream(b->ctx, fn, out);
+    sci_object *obj = NULL;
+    sc_status s;
+    if (id && sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj) == SC_OK)
+        *out = (sci_stream *)obj;
+    else if ((s = sci_context_default_stream(b->ctx, fn, out)) != SC_OK)
+        return s;
+    if (!sci_stream_is_capturing_now(*out))
+        return SC_OK;
+    sci_stream_release(*out);
+    return sci_context_service_stream(b->ctx, fn, out);
 }
 
 static sc_status buffer_destroy(uint64_t id, const char *fn)
@@ -148,7 +155,8 @@ static sc_status buffer_destroy(uint64_t id, const char *fn)
             sci_release_status(&rl, f);
             on = st->cu;
         }
-        if (f != SC_OK && sci_release_live(&rl)) { /* can't order the free: wait for all */
+        if (f != SC_OK && sci_release_live(&rl) && !sci_guard_active()) {
+            /* can't order the free: wait for all */
             sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
             on = NULL;
         }

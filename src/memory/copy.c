@@ -5,25 +5,35 @@
 #include <string.h>
 
 #include "memory/buffer.h"
+#include "stream/capture.h"
 
 /* Resolve the stream in ctx, lock and order the accesses. On success the caller enqueues
- * and then calls finish(). */
+ * and then calls finish(). A copy from or to pageable memory (waits, named by pageable)
+ * can't be part of a graph, and CUDA forbids it while a capture that forbids unsafe calls
+ * is open: it is refused then (SC_ERR_CAPTURE), before anything is done. */
 static sc_status start(sci_context *ctx, sc_stream stream, sci_access *acc, size_t n,
-                       const char *fn, sci_stream **st)
+                       const char *fn, const char *pageable, sci_stream **st,
+                       struct sci_capture **cap)
 {
+    *cap = NULL;
     sc_status s = sci_stream_resolve(stream, ctx, fn, st);
     if (s != SC_OK)
         return s;
-    s = sci_access_begin(acc, n, *st, ctx->tracking, fn);
+    if (pageable && ((s = sci_capture_refuse_stream(*st, fn, pageable)) != SC_OK ||
+                     (s = sci_guard_refuse(fn, pageable)) != SC_OK)) {
+        sci_stream_release(*st);
+        return s;
+    }
+    s = sci_access_begin(acc, n, *st, ctx->tracking, fn, cap);
     if (s != SC_OK)
         sci_stream_release(*st);
     return s;
 }
 
 static sc_status finish(sci_context *ctx, sci_access *acc, size_t n, sci_stream *st,
-                        CUresult r, const char *fn, const char *what)
+                        struct sci_capture *cap, CUresult r, const char *fn, const char *what)
 {
-    sc_status s = sci_access_end(acc, n, st, r == CUDA_SUCCESS, fn);
+    sc_status s = sci_access_end(acc, n, st, cap, r == CUDA_SUCCESS, fn);
     if (r != CUDA_SUCCESS)
         s = sci_context_fail_cu(ctx, r, fn, "%s failed", what);
     return s;
@@ -57,10 +67,12 @@ sc_status sc_copy_from_host(sc_stream stream, sc_view dst, const void *src, uint
         goto out;
     sci_access acc = {&d.buf->tracker, SCI_WRITE};
     sci_stream *st = NULL;
-    if ((s = start(d.buf->ctx, stream, &acc, 1, fn, &st)) != SC_OK)
+    struct sci_capture *cap = NULL;
+    if ((s = start(d.buf->ctx, stream, &acc, 1, fn, "a copy from pageable host memory", &st,
+                   &cap)) != SC_OK)
         goto out;
     CUresult r = sci_cuMemcpyHtoDAsync(d.ptr, src, bytes, st->cu);
-    s = finish(d.buf->ctx, &acc, 1, st, r, fn, "cuMemcpyHtoDAsync");
+    s = finish(d.buf->ctx, &acc, 1, st, cap, r, fn, "cuMemcpyHtoDAsync");
     /* From pageable memory the driver returns once src is staged; but src may be
      * page-locked memory allocated elsewhere, which the driver reads asynchronously. Asking
      * which it is (cuPointerGetAttribute) fails loudly for pageable pointers under
@@ -89,10 +101,12 @@ sc_status sc_copy_to_host(sc_stream stream, void *dst, uint64_t bytes, sc_view s
         goto out;
     sci_access acc = {&v.buf->tracker, SCI_READ};
     sci_stream *st = NULL;
-    if ((s = start(v.buf->ctx, stream, &acc, 1, fn, &st)) != SC_OK)
+    struct sci_capture *cap = NULL;
+    if ((s = start(v.buf->ctx, stream, &acc, 1, fn, "a copy to pageable host memory", &st,
+                   &cap)) != SC_OK)
         goto out;
     CUresult r = sci_cuMemcpyDtoHAsync(dst, v.ptr, bytes, st->cu);
-    s = finish(v.buf->ctx, &acc, 1, st, r, fn, "cuMemcpyDtoHAsync");
+    s = finish(v.buf->ctx, &acc, 1, st, cap, r, fn, "cuMemcpyDtoHAsync");
     if (s == SC_OK) { /* dst must hold the data on return */
         r = sci_cuStreamSynchronize(st->cu);
         if (r != CUDA_SUCCESS)
@@ -153,10 +167,11 @@ sc_status sc_copy_from_host_buffer(sc_stream stream, sc_view dst, sc_host_buffer
     if (d.bytes) {
         sci_access acc[2] = {{&d.buf->tracker, SCI_WRITE}, {&h->tracker, SCI_READ}};
         sci_stream *st = NULL;
-        if ((s = start(d.buf->ctx, stream, acc, 2, fn, &st)) == SC_OK) {
+        struct sci_capture *cap = NULL;
+        if ((s = start(d.buf->ctx, stream, acc, 2, fn, NULL, &st, &cap)) == SC_OK) {
             CUresult r =
                 sci_cuMemcpyHtoDAsync(d.ptr, (char *)h->ptr + src_offset, d.bytes, st->cu);
-            s = finish(d.buf->ctx, acc, 2, st, r, fn, "cuMemcpyHtoDAsync");
+            s = finish(d.buf->ctx, acc, 2, st, cap, r, fn, "cuMemcpyHtoDAsync");
             sci_stream_release(st);
         }
     }
@@ -180,10 +195,11 @@ sc_status sc_copy_to_host_buffer(sc_stream stream, sc_host_buffer dst, uint64_t 
     if (v.bytes) {
         sci_access acc[2] = {{&v.buf->tracker, SCI_READ}, {&h->tracker, SCI_WRITE}};
         sci_stream *st = NULL;
-        if ((s = start(v.buf->ctx, stream, acc, 2, fn, &st)) == SC_OK) {
+        struct sci_capture *cap = NULL;
+        if ((s = start(v.buf->ctx, stream, acc, 2, fn, NULL, &st, &cap)) == SC_OK) {
             CUresult r =
                 sci_cuMemcpyDtoHAsync((char *)h->ptr + dst_offset, v.ptr, v.bytes, st->cu);
-            s = finish(v.buf->ctx, acc, 2, st, r, fn, "cuMemcpyDtoHAsync");
+            s = finish(v.buf->ctx, acc, 2, st, cap, r, fn, "cuMemcpyDtoHAsync");
             sci_stream_release(st);
         }
     }
@@ -229,9 +245,10 @@ sc_status sc_copy(sc_stream stream, sc_view dst, sc_view src)
     } else if (d.bytes) {
         sci_access acc[2] = {{&d.buf->tracker, SCI_WRITE}, {&v.buf->tracker, SCI_READ}};
         sci_stream *st = NULL;
-        if ((s = start(d.buf->ctx, stream, acc, 2, fn, &st)) == SC_OK) {
+        struct sci_capture *cap = NULL;
+        if ((s = start(d.buf->ctx, stream, acc, 2, fn, NULL, &st, &cap)) == SC_OK) {
             CUresult r = sci_cuMemcpyDtoDAsync(d.ptr, v.ptr, d.bytes, st->cu);
-            s = finish(d.buf->ctx, acc, 2, st, r, fn, "cuMemcpyDtoDAsync");
+            s = finish(d.buf->ctx, acc, 2, st, cap, r, fn, "cuMemcpyDtoDAsync");
             sci_stream_release(st);
         }
     }
@@ -252,7 +269,8 @@ sc_status sc_fill(sc_stream stream, sc_view dst, const void *value)
         goto out;
     sci_access acc = {&d.buf->tracker, SCI_WRITE};
     sci_stream *st = NULL;
-    if ((s = start(d.buf->ctx, stream, &acc, 1, fn, &st)) != SC_OK)
+    struct sci_capture *cap = NULL;
+    if ((s = start(d.buf->ctx, stream, &acc, 1, fn, NULL, &st, &cap)) != SC_OK)
         goto out;
     CUresult r;
     size_t esize = sc_dtype_size(d.buf->dtype);
@@ -280,7 +298,7 @@ sc_status sc_fill(sc_stream stream, sc_view dst, const void *value)
                 r = sci_cuMemsetD2D32Async(d.ptr + 4, 8, half[1], 1, d.count, st->cu);
         }
     }
-    s = finish(d.buf->ctx, &acc, 1, st, r, fn, "the memset");
+    s = finish(d.buf->ctx, &acc, 1, st, cap, r, fn, "the memset");
     sci_stream_release(st);
 out:
     sci_view_release(&d);

@@ -6,6 +6,7 @@
 
 #include "driver/driver.h"
 #include "memory/buffer.h"
+#include "stream/capture.h"
 
 static sc_status host_destroy(uint64_t id, bool try_only, const char *fn);
 
@@ -40,8 +41,11 @@ sc_status sc_host_buffer_create_at(sc_context ctx, const sc_host_buffer_desc *de
     if (desc->bytes == 0)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "'%s': bytes is 0 (empty host buffers are not allowed)", label);
+    sc_status s = sci_guard_refuse(fn, "pinning host memory");
+    if (s != SC_OK)
+        return s;
     sci_context *c = NULL;
-    sc_status s = sci_context_acquire(ctx, fn, &c);
+    s = sci_context_acquire(ctx, fn, &c);
     if (s != SC_OK)
         return s;
     sci_host_buffer *h = calloc(1, sizeof *h);
@@ -109,6 +113,8 @@ static sc_status wait_idle(sci_host_buffer *h, bool try_only, const char *fn)
     return s;
 }
 
+static void free_pinned(void *ptr) { sci_cuMemFreeHost(ptr); }
+
 static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
 {
     if (try_only) {
@@ -132,13 +138,20 @@ static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
     if (sci_release_live(&rl)) {
         s = wait_idle(h, false, fn);
         sci_release_status(&rl, s);
-        if (s != SC_OK && sci_release_live(&rl)) /* can't wait for its copies: wait for all */
+        /* can't wait for its copies: wait for all (not during a capture that forbids it) */
+        if (s != SC_OK && sci_release_live(&rl) && !sci_guard_active())
             sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
     }
     sci_release_make_current(&rl);
     sci_release_check(&rl, sci_tracker_destroy(&h->tracker),
                       "cuEventDestroy of an ordering event failed");
-    CUresult r = sci_cuMemFreeHost(h->ptr);
+    /* cuMemFreeHost would invalidate a capture that forbids it: it waits for that capture's
+     * end then (the memory is no longer the buffer's either way). */
+    CUresult r = CUDA_SUCCESS;
+    if (sci_guard_active())
+        sci_guard_defer(free_pinned, h->ptr);
+    else
+        r = sci_cuMemFreeHost(h->ptr);
     sci_release_check(&rl, r, "cuMemFreeHost(%llu bytes) failed: they stay pinned",
                       (unsigned long long)h->bytes);
     /* Memory the driver refused to free stays pinned: it stays in pinned_bytes. */

@@ -2,6 +2,7 @@
 
 #include "driver/driver.h"
 #include "memory/pool.h"
+#include "stream/capture.h"
 
 static void destroy_pool(sci_context *c, sci_release *rl)
 {
@@ -77,8 +78,14 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         /* Give the pool's cached memory back to the device and try once more. A failure of
          * these two only makes the retry less likely to succeed, unless it is sticky. */
-        CUresult q = sci_cuCtxSynchronize();
-        if (sci_cu_error_is_sticky(q)) {
+        CUresult q = CUDA_SUCCESS;
+        if (sci_guard_active()) /* it would invalidate a capture: fail as asked */
+            q = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            q = sci_cuCtxSynchronize();
+        if (q == CUDA_ERROR_OUT_OF_MEMORY) {
+            /* no retry */
+        } else if (sci_cu_error_is_sticky(q)) {
             r = q;
             call = "cuCtxSynchronize before retrying";
         } else if (sci_cu_error_is_sticky(q = sci_cuMemPoolTrimTo(pool, 0))) {
@@ -165,8 +172,11 @@ sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
 sc_status sc_context_trim(sc_context ctx)
 {
     static const char fn[] = "sc_context_trim";
+    sc_status s = sci_guard_refuse(fn, "synchronizing the context");
+    if (s != SC_OK)
+        return s;
     sci_context *c = NULL;
-    sc_status s = sci_context_acquire(ctx, fn, &c);
+    s = sci_context_acquire(ctx, fn, &c);
     if (s != SC_OK)
         return s;
     CUresult r = sci_cuCtxSynchronize();

@@ -10,6 +10,7 @@
 #include "memory/buffer.h"
 #include "moe/plan.h"
 #include "safecuda/moe.h"
+#include "stream/capture.h"
 
 typedef struct sci_moe {
     sci_object obj;
@@ -695,6 +696,53 @@ static sc_status issue(forward *f, const sc_moe_forward_desc *opts)
     return s;
 }
 
+/* A forward that must grow its workspace (buffers destroyed and created) or time its steps
+ * (a host wait) can't be captured: SC_ERR_CAPTURE before anything is done. */
+static sc_status refuse_in_capture(const sci_moe *m, sc_stream stream, uint64_t grow,
+                                   uint64_t T, const char *fn)
+{
+    sci_stream *st = NULL;
+    sc_status s = sci_stream_resolve(stream, m->ctx, fn, &st);
+    if (s != SC_OK)
+        return s;
+    char what[200];
+    if (grow)
+        snprintf(what, sizeof what,
+                 "a forward of %llu tokens, which must grow the layer's workspace from %llu "
+                 "tokens (reserve it before the capture with sc_moe_reserve),",
+                 (unsigned long long)T, (unsigned long long)m->capacity);
+    else
+        snprintf(what, sizeof what, "a forward with a profile (it waits for the stream)");
+    s = sci_capture_refuse_stream(st, fn, what);
+    sci_stream_release(st);
+    return s;
+}
+
+sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
+{
+    static const char fn[] = "sc_moe_reserve";
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_moe *m = (sci_moe *)obj;
+    if (max_tokens == 0 || !sci_moe_tokens_fit(&m->cfg, max_tokens)) {
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "max_tokens = %llu: a forward takes 1 .. the largest T it can index",
+                     (unsigned long long)max_tokens);
+    } else {
+        pthread_mutex_lock(&m->lock);
+        if (max_tokens > m->capacity) {
+            s = refuse_in_capture(m, stream, max_tokens, max_tokens, fn);
+            if (s == SC_OK)
+                s = grow_workspace(m, max_tokens, stream, fn);
+        }
+        pthread_mutex_unlock(&m->lock);
+    }
+    sci_registry_release(obj);
+    return s;
+}
+
 sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                          const sc_moe_forward_desc *opts)
 {
@@ -713,7 +761,9 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         sci_moe_plan_make(&m->cfg, T, &plan);
         pthread_mutex_lock(&m->lock);
         const uint64_t grow = sci_moe_workspace_grow(m->capacity, T);
-        if (grow)
+        if (grow || (opts && opts->profile))
+            s = refuse_in_capture(m, stream, grow, T, fn);
+        if (s == SC_OK && grow)
             s = grow_workspace(m, grow, stream, fn);
         if (s == SC_OK)
             s = issue(&f, opts);

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "stream/capture.h"
 #include "stream/stream.h"
 
 static sc_status event_destroy(uint64_t id, const char *fn);
@@ -113,15 +114,35 @@ sc_status sc_event_record(sc_event event, sc_stream stream)
     sci_stream *st = NULL;
     s = sci_stream_resolve(stream, e->ctx, fn, &st);
     if (s == SC_OK) {
+        /* On a capturing stream the record becomes part of the graph (a fork point). */
+        uint64_t capture = sci_stream_capture_id(st);
         CUresult r = sci_cuEventRecord(e->cu, st->cu);
-        if (r != CUDA_SUCCESS)
+        if (r != CUDA_SUCCESS) {
             s = sci_context_fail_cu(e->ctx, r, fn, "cuEventRecord failed");
-        else
+        } else {
             e->recorded = true;
+            atomic_store(&e->capture, capture);
+        }
         sci_stream_release(st);
     }
     sci_registry_release(&e->obj);
     return s;
+}
+
+/* An event last recorded inside a capture holds no work that runs now: the host can't
+ * wait on it or time it (CUDA refuses, and may invalidate the capture). */
+static sc_status refuse_captured(const sci_event *e, const char *fn)
+{
+    uint64_t capture = atomic_load(&e->capture);
+    if (capture == 0)
+        return SC_OK;
+    return sci_fail(SC_ERR_CAPTURE, fn,
+                    "event '%s' (created at %s:%d) was last recorded inside capture %llu%s: its "
+                    "work runs only when the graph is launched; record it again outside a "
+                    "capture to wait on it from the host",
+                    e->obj.label, sci_basename(e->obj.file), e->obj.line,
+                    (unsigned long long)capture,
+                    sci_capture_active(capture) ? " (still in progress)" : "");
 }
 
 sc_status sc_event_synchronize(sc_event event)
@@ -131,6 +152,10 @@ sc_status sc_event_synchronize(sc_event event)
     sc_status s = acquire(event, fn, &e);
     if (s != SC_OK)
         return s;
+    if ((s = refuse_captured(e, fn)) != SC_OK) {
+        sci_registry_release(&e->obj);
+        return s;
+    }
     CUresult r = sci_cuEventSynchronize(e->cu);
     if (r != CUDA_SUCCESS)
         s = sci_context_fail_cu(e->ctx, r, fn, "cuEventSynchronize failed");
@@ -145,6 +170,10 @@ sc_status sc_event_query(sc_event event)
     sc_status s = acquire(event, fn, &e);
     if (s != SC_OK)
         return s;
+    if ((s = refuse_captured(e, fn)) != SC_OK) {
+        sci_registry_release(&e->obj);
+        return s;
+    }
     CUresult r = sci_cuEventQuery(e->cu);
     if (r == CUDA_ERROR_NOT_READY)
         s = SC_ERR_NOT_READY;
@@ -178,6 +207,8 @@ sc_status sc_event_elapsed(sc_event start, sc_event end, float *ms)
     else if (!a->recorded || !b->recorded)
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "the %s event was never recorded",
                      a->recorded ? "end" : "start");
+    else if ((s = refuse_captured(a, fn)) != SC_OK || (s = refuse_captured(b, fn)) != SC_OK)
+        ;
     else {
         CUresult r = sci_cuEventElapsedTime(ms, a->cu, b->cu);
         if (r == CUDA_ERROR_NOT_READY)
@@ -200,9 +231,14 @@ sc_status sc_stream_wait(sc_stream stream, sc_event event)
     sci_stream *st = NULL;
     s = sci_stream_resolve(stream, e->ctx, fn, &st);
     if (s == SC_OK) {
-        CUresult r = sci_cuStreamWaitEvent(st->cu, e->cu, 0);
-        if (r != CUDA_SUCCESS)
-            s = sci_context_fail_cu(e->ctx, r, fn, "cuStreamWaitEvent failed");
+        /* Waits and captures: a fork (the stream joins the event's capture), a wait inside
+         * one capture, or a refusal (capture.h). */
+        s = sci_capture_before_wait(st, atomic_load(&e->capture), fn);
+        if (s == SC_OK) {
+            CUresult r = sci_cuStreamWaitEvent(st->cu, e->cu, 0);
+            if (r != CUDA_SUCCESS)
+                s = sci_context_fail_cu(e->ctx, r, fn, "cuStreamWaitEvent failed");
+        }
         sci_stream_release(st);
     }
     sci_registry_release(&e->obj);

@@ -1,6 +1,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stream/capture.h"
 #include "stream/order.h"
 
 void sci_tracker_init(sci_tracker *t, uint64_t owner_id)
@@ -25,12 +26,17 @@ CUresult sci_tracker_destroy(sci_tracker *t)
     return first;
 }
 
-/* Make sure use->event holds the use: record it now on the use's stream if it was not
- * recorded when the use was enqueued (a later record covers the use too). A stream that
- * was destroyed finished its work first, so its use needs no event: *gone is set. */
-static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bool *gone)
+/* The event that holds the use, in *ev: use->event, recorded now on the use's stream if
+ * it was not recorded when the use was enqueued (a later record covers the use too). A
+ * stream that was destroyed finished its work first, so its use needs no event: *gone is
+ * set. A stream that takes part in a capture now can't record (that would go into the
+ * graph): its use came before the capture, and the event it recorded when it joined the
+ * capture holds it. */
+static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bool *gone,
+                              CUevent *ev)
 {
     *gone = false;
+    *ev = use->event;
     if (use->recorded)
         return SC_OK;
     sci_object *obj = NULL;
@@ -39,6 +45,11 @@ static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bo
         return SC_OK;
     }
     sci_stream *s = (sci_stream *)obj;
+    if (sci_stream_is_capturing_now(s)) {
+        *ev = s->pre_capture;
+        sci_registry_release(obj);
+        return SC_OK;
+    }
     CUresult r = CUDA_SUCCESS;
     if (!use->event)
         r = sci_cuEventCreate(&use->event, CU_EVENT_DISABLE_TIMING);
@@ -48,6 +59,7 @@ static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bo
     if (r != CUDA_SUCCESS)
         return sci_context_fail_cu(ctx, r, fn, "recording an ordering event failed");
     use->recorded = true;
+    *ev = use->event;
     return SC_OK;
 }
 
@@ -58,14 +70,15 @@ static sc_status wait_for(sci_tracker *t, sci_use *use, sci_stream *stream, cons
         return SC_OK;
     t->eager = true; /* the object is now shared between streams */
     bool gone;
-    sc_status s = ensure_event(use, stream->ctx, fn, &gone);
+    CUevent ev;
+    sc_status s = ensure_event(use, stream->ctx, fn, &gone, &ev);
     if (s != SC_OK)
         return s;
     if (gone) {
         use->stream_id = 0;
         return SC_OK;
     }
-    CUresult r = sci_cuStreamWaitEvent(stream->cu, use->event, 0);
+    CUresult r = sci_cuStreamWaitEvent(stream->cu, ev, 0);
     if (r != CUDA_SUCCESS)
         return sci_context_fail_cu(stream->ctx, r, fn, "cuStreamWaitEvent failed");
     return SC_OK;
@@ -110,9 +123,18 @@ static void sort_and_merge(sci_access *acc, size_t *n)
 }
 
 sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool order,
-                           const char *fn)
+                           const char *fn, struct sci_capture **cap)
 {
     sort_and_merge(acc, &n);
+    *cap = sci_stream_capture(stream);
+    if (*cap) {
+        sc_status s = sci_capture_access_begin(*cap, acc, n, stream, fn);
+        if (s != SC_OK) {
+            sci_capture_put(*cap);
+            *cap = NULL;
+        }
+        return s;
+    }
     for (size_t i = 0; i < n; i++)
         pthread_mutex_lock(&acc[i].tracker->lock);
     if (!order)
@@ -173,10 +195,15 @@ static sc_status record(sci_tracker *t, sci_access_mode mode, sci_stream *stream
     return note_use(t, &t->reads[t->n_reads++], stream, fn);
 }
 
-sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued,
-                         const char *fn)
+sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
+                         struct sci_capture *cap, bool enqueued, const char *fn)
 {
     sort_and_merge(acc, &n); /* idempotent: same order and merge as begin */
+    if (cap) {
+        sci_capture_access_end(cap, acc, n, stream, enqueued);
+        sci_capture_put(cap);
+        return SC_OK;
+    }
     sc_status s = SC_OK;
     for (size_t i = 0; i < n && enqueued; i++) {
         sc_status r = record(acc[i].tracker, acc[i].mode, stream, fn);
@@ -203,10 +230,11 @@ static sc_status host_wait_use(sci_use *use, sci_context *ctx, bool try_only, co
     if (use->stream_id == 0)
         return SC_OK;
     bool gone;
-    sc_status s = ensure_event(use, ctx, fn, &gone);
+    CUevent ev;
+    sc_status s = ensure_event(use, ctx, fn, &gone, &ev);
     if (s != SC_OK || gone)
         return s;
-    CUresult r = try_only ? sci_cuEventQuery(use->event) : sci_cuEventSynchronize(use->event);
+    CUresult r = try_only ? sci_cuEventQuery(ev) : sci_cuEventSynchronize(ev);
     if (r == CUDA_ERROR_NOT_READY)
         return sci_fail(SC_ERR_BUSY, fn, "a copy that uses it is still in flight");
     if (r != CUDA_SUCCESS)

@@ -44,17 +44,23 @@ typedef struct sci_access {
     sci_access_mode mode;
 } sci_access;
 
+struct sci_capture;
+
 /* Lock the trackers (in id order; duplicates merged) and, when ordering is on, make
  * stream wait for the conflicting uses on other streams. On failure nothing stays
- * locked. */
+ * locked. When stream takes part in a capture (stream/capture.h) the work does not run
+ * now: the trackers are left alone, the accesses are ordered among the capture's own
+ * streams instead, and *cap gets the capture (referenced, locked) to hand to
+ * sci_access_end; else *cap is NULL. */
 sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool order,
-                           const char *fn);
+                           const char *fn, struct sci_capture **cap);
 /* Record the uses on stream (when enqueued is true) and unlock. A use shared between
  * streams records its event at once; if that fails the event is recorded later, when
  * needed, except after a sticky error: then the context is lost and this returns
- * SC_ERR_CONTEXT_LOST (message set), else SC_OK. */
-sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream, bool enqueued,
-                         const char *fn);
+ * SC_ERR_CONTEXT_LOST (message set), else SC_OK. With a capture, the capture remembers
+ * the accesses (for its graph) instead, and is released. */
+sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
+                         struct sci_capture *cap, bool enqueued, const char *fn);
 
 /* Make stream wait for every use of t on other streams (for frees). t must be locked or
  * otherwise unreachable. */

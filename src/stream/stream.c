@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "stream/capture.h"
 #include "stream/stream.h"
 
 static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn);
@@ -25,7 +26,8 @@ __attribute__((constructor)) static void register_stream_kind(void)
 }
 
 static sc_status create(sci_context *c, const sc_stream_desc *d, bool is_default,
-                        const char *file, int line, const char *fn, sci_stream **out)
+                        bool is_service, const char *file, int line, const char *fn,
+                        sci_stream **out)
 {
     int least = 0, greatest = 0;
     CUresult r = sci_cuCtxGetStreamPriorityRange(&least, &greatest);
@@ -42,7 +44,8 @@ static sc_status create(sci_context *c, const sc_stream_desc *d, bool is_default
     s->ctx = c;
     s->priority = priority;
     s->is_default = is_default;
-    s->obj.internal = is_default;
+    s->is_service = is_service;
+    s->obj.internal = is_default || is_service;
     r = sci_cuStreamCreateWithPriority(&s->cu, d->blocking ? 0 : CU_STREAM_NON_BLOCKING,
                                        priority);
     if (r != CUDA_SUCCESS) {
@@ -51,7 +54,9 @@ static sc_status create(sci_context *c, const sc_stream_desc *d, bool is_default
                                    priority);
     }
     sc_status st = sci_registry_insert(&s->obj, SCI_KIND_STREAM, c->obj.id,
-                                       d->label ? d->label : (is_default ? "default" : ""),
+                                       d->label ? d->label
+                                       : is_default ? "default"
+                                       : is_service ? "service" : "",
                                        file, line, fn);
     if (st != SC_OK) {
         st = sci_context_cleanup_cu(c, st, sci_cuStreamDestroy(s->cu), "cuStreamDestroy");
@@ -74,27 +79,30 @@ sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc, sc_str
     if (s != SC_OK)
         return s;
     sci_stream *st = NULL;
-    s = create(c, &d, false, file, line, fn, &st);
+    s = create(c, &d, false, false, file, line, fn, &st);
     if (s == SC_OK)
         stream->id = st->obj.id;
     sci_context_release(c);
     return s;
 }
 
-sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream **out)
+/* The context's internal stream whose id is kept in *slot, created on first use. Held
+ * across create(), so two threads can't both create it. create() may mark the context lost
+ * on its way out: that takes only c->lost_lock. */
+static sc_status internal_stream(sci_context *c, uint64_t *slot, bool is_default,
+                                 const char *fn, sci_stream **out)
 {
-    /* Held across create(), so two threads can't both create it. create() may mark the
-     * context lost on its way out: that takes only c->lost_lock. */
     pthread_mutex_lock(&c->lock);
-    uint64_t id = c->default_stream_id;
+    uint64_t id = *slot;
     if (id == 0) {
         sci_stream *s = NULL;
-        sc_status st = create(c, &(sc_stream_desc){0}, true, __FILE__, __LINE__, fn, &s);
+        sc_status st = create(c, &(sc_stream_desc){0}, is_default, !is_default, __FILE__,
+                              __LINE__, fn, &s);
         if (st != SC_OK) {
             pthread_mutex_unlock(&c->lock);
             return st;
         }
-        c->default_stream_id = id = s->obj.id;
+        *slot = id = s->obj.id;
     }
     pthread_mutex_unlock(&c->lock);
     sci_object *obj = NULL;
@@ -103,6 +111,16 @@ sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream 
         return st;
     *out = (sci_stream *)obj;
     return SC_OK;
+}
+
+sc_status sci_context_default_stream(sci_context *c, const char *fn, sci_stream **out)
+{
+    return internal_stream(c, &c->default_stream_id, true, fn, out);
+}
+
+sc_status sci_context_service_stream(sci_context *c, const char *fn, sci_stream **out)
+{
+    return internal_stream(c, &c->service_stream_id, false, fn, out);
 }
 
 sc_status sci_stream_acquire(sc_stream h, const char *fn, sci_stream **out)
@@ -174,10 +192,13 @@ static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
         if (s != SC_OK)
             return s;
         bool is_default = ((sci_stream *)obj)->is_default;
+        bool is_service = ((sci_stream *)obj)->is_service;
         sci_registry_release(obj);
         if (is_default)
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                             "the default stream can't be destroyed: it goes with its context");
+        if (is_service)
+            return sci_fail(SC_ERR_STALE_HANDLE, fn, "not a stream handle of the caller's");
     }
     sci_object *obj = NULL;
     sc_status s = sci_registry_remove(SCI_KIND_STREAM, id, fn, &obj);
@@ -188,13 +209,21 @@ static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
     sci_release rl;
     sci_release_begin(&rl, c, fn);
     sci_release_make_current(&rl);
+    /* A stream that takes part in a capture can't finish its work (none of it runs): the
+     * capture is abandoned first, and the stream destroyed as usual. */
+    sci_capture_abandon(st, fn);
     if (sci_release_live(&rl)) /* finish the queued work first */
         sci_release_check(&rl, sci_cuStreamSynchronize(st->cu),
                           "cuStreamSynchronize before destroy failed");
     sci_release_check(&rl, sci_cuStreamDestroy(st->cu), "cuStreamDestroy failed");
-    if (st->is_default) {
+    if (st->pre_capture)
+        sci_release_check(&rl, sci_cuEventDestroy(st->pre_capture), "cuEventDestroy failed");
+    if (st->is_default || st->is_service) {
         pthread_mutex_lock(&c->lock);
-        c->default_stream_id = 0;
+        if (st->is_default)
+            c->default_stream_id = 0;
+        else
+            c->service_stream_id = 0;
         pthread_mutex_unlock(&c->lock);
     }
     free(st);
@@ -224,6 +253,10 @@ sc_status sc_stream_synchronize(sc_stream stream)
     sc_status st = sci_stream_acquire(stream, fn, &s);
     if (st != SC_OK)
         return st;
+    if ((st = sci_capture_refuse_stream(s, fn, "waiting for the stream on the host")) != SC_OK) {
+        sci_stream_release(s);
+        return st;
+    }
     CUresult r = sci_cuStreamSynchronize(s->cu);
     if (r != CUDA_SUCCESS)
         st = sci_context_fail_cu(s->ctx, r, fn, "cuStreamSynchronize failed");
@@ -238,6 +271,10 @@ sc_status sc_stream_query(sc_stream stream)
     sc_status st = sci_stream_acquire(stream, fn, &s);
     if (st != SC_OK)
         return st;
+    if ((st = sci_capture_refuse_stream(s, fn, "querying the stream from the host")) != SC_OK) {
+        sci_stream_release(s);
+        return st;
+    }
     CUresult r = sci_cuStreamQuery(s->cu);
     if (r == CUDA_ERROR_NOT_READY)
         st = SC_ERR_NOT_READY; /* busy is an answer, not a failure: no message */

@@ -4,12 +4,17 @@
 
 #include "core/context.h"
 
+struct sci_capture;
+
 typedef struct sci_stream {
     sci_object obj;
     sci_context *ctx;
     CUstream cu;
     int priority;
     bool is_default;
+    bool is_service;              /* the context's internal stream for frees (never captures) */
+    struct sci_capture *capture;  /* the capture it takes part in (stream/capture.c's lock) */
+    CUevent pre_capture;          /* recorded just before it last joined a capture */
 } sci_stream;
 
 typedef struct sci_event {
@@ -18,6 +23,7 @@ typedef struct sci_event {
     CUevent cu;
     bool timing;
     atomic_bool recorded;
+    _Atomic uint64_t capture; /* the capture its last record was made in (0: outside any) */
 } sci_event;
 
 /* Resolve a stream argument: SC_DEFAULT_STREAM gives ctx's default stream (created on
@@ -32,5 +38,10 @@ void sci_stream_release(sci_stream *s);
 /* The context's default stream, created on first use (no reference taken: it lives as
  * long as the context). */
 sc_status sci_context_default_stream(sci_context *ctx, const char *fn, sci_stream **out);
+
+/* The context's service stream: internal, never given out and never capturing, for the
+ * library's own stream-ordered work that must not land in a capture (a buffer's free when
+ * its last stream is capturing). Created on first use; referenced like a resolved stream. */
+sc_status sci_context_service_stream(sci_context *ctx, const char *fn, sci_stream **out);
 
 #endif

@@ -35,9 +35,9 @@ int main(void)
     REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 64}, &a) == SC_OK);
     REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 64}, &b) == SC_OK);
     sc_launch_desc cfg = {.grid = {.x = 1}, .block = {.x = 64}};
-    for (int i = 0; i < 3; i++) /* one argument short: not caught without parameter info */
+    for (int i = 0; i < 3; i++) /* one argument too many: not caught without parameter info */
         CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, add, &cfg, sc_arg_in(sc_view_of(a)),
-                           sc_arg_inout(sc_view_of(b))));
+                           sc_arg_inout(sc_view_of(b)), sc_arg_u32(64), sc_arg_f64(2.0)));
     sc_set_log_callback(NULL, NULL);
     CHECK(count_lines("kernel 'add': the driver (CUDA 12.3, before 12.4) can't report a "
                       "kernel's parameters, so launches of it skip the argument count, size "

@@ -1,0 +1,99 @@
+/* Calls CUDA forbids while a stream capture is open: refusals and deferred releases. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/guard.h"
+
+typedef struct deferred {
+    void (*release)(void *arg);
+    void *arg;
+    struct deferred *next;
+} deferred;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static sci_guard *guards;
+static deferred *pending;
+
+/* The guard that forbids unsafe calls from this thread now (lock held), or NULL. */
+static const sci_guard *forbidding_locked(void)
+{
+    pthread_t self = pthread_self();
+    for (const sci_guard *g = guards; g; g = g->next)
+        if (g->mode == 0 || (g->mode == 1 && pthread_equal(g->thread, self)))
+            return g;
+    return NULL;
+}
+
+void sci_guard_add(sci_guard *g)
+{
+    pthread_mutex_lock(&lock);
+    g->next = guards;
+    guards = g;
+    pthread_mutex_unlock(&lock);
+}
+
+void sci_guard_remove(sci_guard *g)
+{
+    pthread_mutex_lock(&lock);
+    for (sci_guard **p = &guards; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    /* Deferred releases wait for every forbidding capture of any thread to end. */
+    bool none = true;
+    for (const sci_guard *o = guards; o; o = o->next)
+        none &= o->mode == 2;
+    deferred *run = none ? pending : NULL;
+    if (none)
+        pending = NULL;
+    pthread_mutex_unlock(&lock);
+    while (run) {
+        deferred *d = run;
+        run = d->next;
+        d->release(d->arg);
+        free(d);
+    }
+}
+
+bool sci_guard_active(void)
+{
+    pthread_mutex_lock(&lock);
+    bool active = forbidding_locked() != NULL;
+    pthread_mutex_unlock(&lock);
+    return active;
+}
+
+sc_status sci_guard_refuse(const char *fn, const char *what)
+{
+    pthread_mutex_lock(&lock);
+    const sci_guard *g = forbidding_locked();
+    char who[sizeof g->what] = "";
+    if (g)
+        snprintf(who, sizeof who, "%s", g->what);
+    pthread_mutex_unlock(&lock);
+    if (!g)
+        return SC_OK;
+    return sci_fail(SC_ERR_CAPTURE, fn,
+                    "%s is not allowed while %s is in progress (CUDA forbids calls that "
+                    "synchronize, or allocate or free outside a stream, during a capture; a "
+                    "relaxed capture, or a thread-local one on another thread, allows them): "
+                    "nothing was done and the capture is still usable",
+                    what, who);
+}
+
+void sci_guard_defer(void (*release)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&lock);
+    if (forbidding_locked() || pending) {
+        deferred *d = malloc(sizeof *d);
+        if (d) {
+            *d = (deferred){release, arg, pending};
+            pending = d;
+            pthread_mutex_unlock(&lock);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    release(arg); /* nothing forbids it (or no memory to remember it) */
+}
