@@ -379,7 +379,9 @@ sc_status sc_context_destroy(sc_context h)
         free(ids);
     }
     destroying = outer;
-    if (sci_release_live(&rl))
+    /* (Not while another context's capture forbids it: the primary context's release
+     * waits for the work then.) */
+    if (sci_release_live(&rl) && !sci_guard_active())
         sci_release_check(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
     for (int i = 0; i < n_teardowns; i++)
         teardowns[i].fn(c, &rl);
@@ -424,13 +426,14 @@ sc_status sc_context_device(sc_context h, int *device)
 sc_status sc_context_synchronize(sc_context h)
 {
     static const char fn[] = "sc_context_synchronize";
-    sc_status s = sci_guard_refuse(fn, "synchronizing the context");
-    if (s != SC_OK)
-        return s;
     sci_context *c = NULL;
-    s = sci_context_acquire(h, fn, &c);
+    sc_status s = sci_context_acquire(h, fn, &c);
     if (s != SC_OK)
         return s;
+    if ((s = sci_guard_refuse_context(c, fn, "synchronizing the context")) != SC_OK) {
+        sci_context_release(c);
+        return s;
+    }
     CUresult r = sci_cuCtxSynchronize();
     if (r != CUDA_SUCCESS)
         s = sci_context_fail_cu(c, r, fn, "cuCtxSynchronize failed");

@@ -82,6 +82,41 @@ sc_status sci_guard_refuse(const char *fn, const char *what)
                     what, who);
 }
 
+/* A guard that keeps ctx's work from finishing, or one that forbids unsafe calls (lock
+ * held). */
+static const sci_guard *busy_locked(const void *ctx)
+{
+    for (const sci_guard *g = guards; g; g = g->next)
+        if (g->ctx == ctx)
+            return g;
+    return forbidding_locked();
+}
+
+bool sci_guard_context_busy(const void *ctx)
+{
+    pthread_mutex_lock(&lock);
+    bool busy = busy_locked(ctx) != NULL;
+    pthread_mutex_unlock(&lock);
+    return busy;
+}
+
+sc_status sci_guard_refuse_context(const void *ctx, const char *fn, const char *what)
+{
+    pthread_mutex_lock(&lock);
+    const sci_guard *g = busy_locked(ctx);
+    char who[sizeof g->what] = "";
+    if (g)
+        snprintf(who, sizeof who, "%s", g->what);
+    pthread_mutex_unlock(&lock);
+    if (!g)
+        return SC_OK;
+    return sci_fail(SC_ERR_CAPTURE, fn,
+                    "%s is not allowed while %s is in progress (it would wait for work that "
+                    "does not run until the graph is launched, and CUDA forbids it during a "
+                    "capture): nothing was done and the capture is still usable",
+                    what, who);
+}
+
 void sci_guard_defer(void (*release)(void *arg), void *arg)
 {
     pthread_mutex_lock(&lock);

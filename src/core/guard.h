@@ -17,6 +17,7 @@
 
 typedef struct sci_guard {
     int mode;             /* CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed */
+    const void *ctx;      /* the context of the capturing stream */
     pthread_t thread;     /* the thread that began the capture */
     char what[240];       /* "capture 3 (global mode, begun on stream 'x', created at a.c:4)" */
     struct sci_guard *next;
@@ -32,6 +33,11 @@ void sci_guard_remove(sci_guard *g);
 bool sci_guard_active(void);
 /* SC_ERR_CAPTURE naming fn, what and the capture that forbids it; SC_OK when none does. */
 sc_status sci_guard_refuse(const char *fn, const char *what);
+/* The same for a call that waits for all of ctx's work (cuCtxSynchronize): refused also
+ * while any capture, of any mode, is open on a stream of ctx (its work can't finish). */
+sc_status sci_guard_refuse_context(const void *ctx, const char *fn, const char *what);
+/* Whether sci_guard_refuse_context would refuse now. */
+bool sci_guard_context_busy(const void *ctx);
 /* Run release(arg) now if nothing forbids it, else once no capture does. */
 void sci_guard_defer(void (*release)(void *arg), void *arg);
 

@@ -155,7 +155,7 @@ static sc_status buffer_destroy(uint64_t id, const char *fn)
             sci_release_status(&rl, f);
             on = st->cu;
         }
-        if (f != SC_OK && sci_release_live(&rl) && !sci_guard_active()) {
+        if (f != SC_OK && sci_release_live(&rl) && !sci_guard_context_busy(c)) {
             /* can't order the free: wait for all */
             sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
             on = NULL;

@@ -139,7 +139,7 @@ static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
         s = wait_idle(h, false, fn);
         sci_release_status(&rl, s);
         /* can't wait for its copies: wait for all (not during a capture that forbids it) */
-        if (s != SC_OK && sci_release_live(&rl) && !sci_guard_active())
+        if (s != SC_OK && sci_release_live(&rl) && !sci_guard_context_busy(c))
             sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
     }
     sci_release_make_current(&rl);

@@ -79,7 +79,7 @@ sc_status sci_device_alloc(sci_context *c, sci_stream *stream, uint64_t bytes, c
         /* Give the pool's cached memory back to the device and try once more. A failure of
          * these two only makes the retry less likely to succeed, unless it is sticky. */
         CUresult q = CUDA_SUCCESS;
-        if (sci_guard_active()) /* it would invalidate a capture: fail as asked */
+        if (sci_guard_context_busy(c)) /* it would invalidate a capture: fail as asked */
             q = CUDA_ERROR_OUT_OF_MEMORY;
         else
             q = sci_cuCtxSynchronize();
@@ -172,13 +172,15 @@ sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
 sc_status sc_context_trim(sc_context ctx)
 {
     static const char fn[] = "sc_context_trim";
-    sc_status s = sci_guard_refuse(fn, "synchronizing the context");
-    if (s != SC_OK)
-        return s;
     sci_context *c = NULL;
-    s = sci_context_acquire(ctx, fn, &c);
+    sc_status s = sci_context_acquire(ctx, fn, &c);
     if (s != SC_OK)
         return s;
+    if ((s = sci_guard_refuse_context(c, fn, "trimming the pool (it waits for the context)")) !=
+        SC_OK) {
+        sci_context_release(c);
+        return s;
+    }
     CUresult r = sci_cuCtxSynchronize();
     /* The pool is created under c->lock by the first allocation, maybe on another thread. */
     pthread_mutex_lock(&c->lock);

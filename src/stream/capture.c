@@ -229,6 +229,7 @@ sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
     stream->capture = cap;
     pthread_mutex_unlock(&capture_lock);
     cap->guard.mode = mode;
+    cap->guard.ctx = stream->ctx;
     cap->guard.thread = cap->thread;
     snprintf(cap->guard.what, sizeof cap->guard.what,
              "capture %llu (%s mode, begun on stream '%s', created at %s:%d)",
