@@ -477,9 +477,11 @@ static sc_status wait_member(sci_capture *cap, uint64_t on, sci_stream *stream,
 }
 
 sc_status sci_capture_access_begin(sci_capture *cap, sci_access *acc, size_t n,
-                                   sci_stream *stream, const char *fn)
+                                   sci_stream *stream, bool order, const char *fn)
 {
     pthread_mutex_lock(&cap->lock);
+    if (!order) /* tracking off: the caller orders its streams, inside captures too */
+        return SC_OK;
     uint64_t waited[64];
     size_t n_waited = 0;
     sc_status s = SC_OK;

@@ -74,7 +74,7 @@ bool sci_capture_active(uint64_t id);
  * the capture's own conflicting work on its other streams and hold the capture's lock;
  * then remember them and record the uses, and unlock. */
 sc_status sci_capture_access_begin(sci_capture *cap, sci_access *acc, size_t n,
-                                   sci_stream *stream, const char *fn);
+                                   sci_stream *stream, bool order, const char *fn);
 void sci_capture_access_end(sci_capture *cap, sci_access *acc, size_t n, sci_stream *stream,
                             bool enqueued);
 /* Remember an object the captured work uses without an access (a kernel), with the

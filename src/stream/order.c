@@ -128,7 +128,7 @@ sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool o
     sort_and_merge(acc, &n);
     *cap = sci_stream_capture(stream);
     if (*cap) {
-        sc_status s = sci_capture_access_begin(*cap, acc, n, stream, fn);
+        sc_status s = sci_capture_access_begin(*cap, acc, n, stream, order, fn);
         if (s != SC_OK) {
             sci_capture_put(*cap);
             *cap = NULL;
