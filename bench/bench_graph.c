@@ -295,7 +295,7 @@ static void bench_host(sc_context ctx, sc_program prog, sc_kernel k, uint64_t ca
     host_teardown(&e);
 }
 
-/* ---- (b) MoE decode ------------------------------------------------------------------------- */
+/* ---- (b) MoE decode ---------------------------------------------------------------------- */
 
 typedef struct moe_config {
     const char *name;
@@ -518,7 +518,8 @@ static sc_buffer new_buffer(env *e, sc_dtype dtype, uint64_t count, const char *
 static double measure_copy_tbs(env *e)
 {
     const uint64_t n = GIB / 2; /* bf16 elements */
-    sc_buffer src = new_buffer(e, SC_BF16, n, "copy src"), dst = new_buffer(e, SC_BF16, n, "copy dst");
+    sc_buffer src = new_buffer(e, SC_BF16, n, "copy src");
+    sc_buffer dst = new_buffer(e, SC_BF16, n, "copy dst");
     fill_random(e, src, 0, n, e->xblk);
     for (int i = 0; i < 2; i++)
         SC_TRY(sc_copy(e->st, sc_view_of(dst), sc_view_of(src)));
@@ -692,7 +693,8 @@ static void run_point(env *e, const moe_config *c, sc_moe layer, uint64_t T, dou
     }
 
     /* The floor: the bytes of the fewest experts any input used, the router, x and out. */
-    p->weight_bytes = ((double)p->experts_min * 3.0 * (double)H * (double)I + (double)E * (double)H) * 2.0;
+    p->weight_bytes =
+        ((double)p->experts_min * 3.0 * (double)H * (double)I + (double)E * (double)H) * 2.0;
     const double bytes = p->weight_bytes + 2.0 * (double)TH * 2.0;
     p->floor_us = bytes / (copy_tbs * 1e12) * 1e6;
     p->measured = true;
