@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/graph.h"
 #include "memory/buffer.h"
 #include "stream/capture.h"
 
@@ -385,6 +386,19 @@ sc_status sc_graph_exec_info(sc_graph_exec exec, sc_graph_props *props)
     pthread_mutex_unlock(&e->lock);
     sci_registry_release(obj);
     return SC_OK;
+}
+
+CUgraphExec sci_graph_exec_cu(sc_graph_exec exec)
+{
+    sci_object *obj = NULL;
+    if (sci_registry_acquire(SCI_KIND_GRAPH_EXEC, exec.id, "sci_graph_exec_cu", &obj) != SC_OK)
+        return NULL;
+    sci_graph_exec *e = (sci_graph_exec *)obj;
+    pthread_mutex_lock(&e->lock);
+    CUgraphExec cu = e->cu;
+    pthread_mutex_unlock(&e->lock);
+    sci_registry_release(obj);
+    return cu;
 }
 
 /* The launch, with every remembered object acquired in objs and exec->lock held. */
