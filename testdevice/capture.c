@@ -11,7 +11,7 @@
 
 #include "testdevice_internal.h"
 
-/* ---- node index sets ------------------------------------------------------------------------ */
+/* ---- node index sets --------------------------------------------------------------------- */
 
 static int idx_add(idx_set *s, size_t v)
 {
@@ -51,7 +51,7 @@ static void idx_free(idx_set *s)
     s->n = s->cap = 0;
 }
 
-/* ---- graphs: node lists --------------------------------------------------------------------- */
+/* ---- graphs: node lists ------------------------------------------------------------------ */
 
 enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_HOST, NODE_EVENT_WAIT };
 static const char *const node_names[] = {"?", "kernel", "memcpy", "memset", "host function",
@@ -198,7 +198,7 @@ static void exec_free(fake_exec *e)
     free(e);
 }
 
-/* ---- captures ------------------------------------------------------------------------------- */
+/* ---- captures ---------------------------------------------------------------------------- */
 
 typedef struct fake_capture {
     uint64_t id; /* unique over the process, as cuStreamGetCaptureInfo reports it */
@@ -304,35 +304,32 @@ CUresult td_capture_of(CUstream s, const char *fn, fake_capture **cap)
     return CUDA_SUCCESS;
 }
 
+/* Whether an active capture forbids a potentially unsafe call of this thread. */
+static int forbids(const fake_capture *c, int any_capture)
+{
+    if (c->invalidated)
+        return 0;
+    if (any_capture || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        return 1;
+    return c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+           pthread_equal(c->thread, pthread_self());
+}
+
 CUresult td_capture_unsafe(const char *fn, int any_capture)
 {
-    pthread_t self = pthread_self();
     fake_capture *hit = NULL;
     size_t n_hit = 0;
-    for (size_t i = 0; i < captures.n; i++) {
-        fake_capture *c = captures.items[i];
-        if (c->invalidated)
-            continue;
-        int own = pthread_equal(c->thread, self);
-        if (any_capture || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-            (own && c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)) {
-            if (!hit)
-                hit = c;
-            n_hit++;
-        }
-    }
+    for (size_t i = 0; i < captures.n; i++)
+        if (forbids(captures.items[i], any_capture) && n_hit++ == 0)
+            hit = captures.items[i];
     if (!hit)
         return CUDA_SUCCESS;
     char d[160], why[96];
     describe(hit, d, sizeof d);
     snprintf(why, sizeof why, "%s was called during the capture", fn);
-    for (size_t i = 0; i < captures.n; i++) {
-        fake_capture *c = captures.items[i];
-        if (!c->invalidated &&
-            (any_capture || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-             (pthread_equal(c->thread, self) && c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
-            invalidate(c, why);
-    }
+    for (size_t i = 0; i < captures.n; i++)
+        if (forbids(captures.items[i], any_capture))
+            invalidate(captures.items[i], why);
     return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
                "not permitted while %s%s is active: CUDA refuses the call and invalidates the "
                "capture",
@@ -459,7 +456,7 @@ CUresult td_capture_host(fake_capture *c, CUstream s, CUhostFn host, void *user,
     return add_node(c, s, node);
 }
 
-/* ---- events in captures ---------------------------------------------------------------------- */
+/* ---- events in captures ------------------------------------------------------------------ */
 
 CUresult td_event_record(fake_event *e, fake_capture *c, CUstream s)
 {
@@ -594,7 +591,7 @@ long td_live_graphs(void) { return (long)graphs.n; }
 long td_live_graph_execs(void) { return (long)execs.n; }
 long td_active_captures(void) { return (long)captures.n; }
 
-/* ---- begin and end ---------------------------------------------------------------------------- */
+/* ---- begin and end ----------------------------------------------------------------------- */
 
 CUresult td_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
 {
@@ -772,7 +769,7 @@ CUresult td_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, cu
     return capture_status(s, status, id, "cuStreamGetCaptureInfo");
 }
 
-/* ---- graphs and executable graphs ----------------------------------------------------------- */
+/* ---- graphs and executable graphs -------------------------------------------------------- */
 
 static CUresult graph_ok(CUgraph g, const char *fn)
 {
@@ -963,7 +960,7 @@ CUresult td_cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultI
     return r;
 }
 
-/* ---- replay ----------------------------------------------------------------------------------- */
+/* ---- replay ------------------------------------------------------------------------------ */
 
 /* Node i can run now (lock held): its memory is still in live allocations, its function
  * still loaded, its event still alive. Anything else is misuse: safecuda's replay checks

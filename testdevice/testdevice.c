@@ -1086,7 +1086,7 @@ static CUresult f_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
     return r;
 }
 
-/* ---- copies and memsets (synchronous, or recorded while capturing) ------------------------ */
+/* ---- copies and memsets (synchronous, or recorded while capturing) ----------------------- */
 
 /* The end of a copy or memset (lock held): on a capturing stream the validated operation is
  * recorded as a node, else it has run; an error on a capturing stream invalidates it. */
