@@ -37,7 +37,80 @@
  *     CUDA_ERROR_NOT_SUPPORTED, whose text here says that kernels do not run on the test
  *     device: a launch never pretends to have run. safecuda's own bookkeeping tests, which
  *     count what a launch records, set SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 to have
- *     validated launches answer CUDA_SUCCESS without running anything; it exists for them.
+ *     validated launches answer CUDA_SUCCESS without running anything; it exists for them;
+ *   - launch attributes (cuLaunchKernelEx): COOPERATIVE (the grid must fit at once:
+ *     blocks <= blocks per SM x 132 SMs, else CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
+ *     CLUSTER_DIMENSION (sm_90+, else CUDA_ERROR_NOT_SUPPORTED; every grid dimension a
+ *     multiple of the cluster's, else CUDA_ERROR_INVALID_VALUE; at most 8 blocks, 16 with
+ *     the function's NON_PORTABLE_CLUSTER_SIZE_ALLOWED, else CUDA_ERROR_INVALID_CLUSTER_SIZE),
+ *     PROGRAMMATIC_STREAM_SERIALIZATION (changes nothing here); another attribute is
+ *     CUDA_ERROR_NOT_SUPPORTED. A kernel compiled with __cluster_dims__ (PTX
+ *     `.reqnctapercluster X, Y, Z`) reports its cluster through the REQUIRED_CLUSTER_*
+ *     attributes and launches with it (another one is CUDA_ERROR_INVALID_VALUE); one with
+ *     `.explicitcluster` reports CLUSTER_SIZE_MUST_BE_SET and must get a cluster
+ *     (CUDA_ERROR_INVALID_CLUSTER_SIZE). cuOccupancyMaxActiveClusters models clusters placed
+ *     inside GPCs, 8 of 16 SMs: 8 x (16 x blocks per SM / cluster size), 0 for a cluster
+ *     over the limit. Each of these refusals is misuse (safecuda checks them first);
+ *   - stream capture (capture.c), as the CUDA driver documents it. cuStreamBeginCapture
+ *     starts a capture sequence (an id unique over the process, its mode, its origin stream,
+ *     the thread that began it); while a stream captures, its copies, memsets, launches
+ *     (validated as above, kernel parameters copied by the sizes the PTX declares, attributes
+ *     kept) and host functions are recorded as nodes of the capture's graph instead of
+ *     running, each depending on what its stream last recorded or waited for. As in CUDA,
+ *     cuEventRecord and cuStreamWaitEvent make no nodes (only edges): a record marks the
+ *     event with its stream's position in the capture; a wait on it joins that position into
+ *     the waiting stream (a stream that is not capturing joins the capture: a fork); a wait
+ *     with CU_EVENT_WAIT_EXTERNAL makes an event wait node. Nodes keep their capture order, a
+ *     topological order. cuStreamEndCapture, on the origin stream, from the thread that
+ *     began the capture unless it is RELAXED, gives the graph, or NULL with
+ *     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, or CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a
+ *     node is not an ancestor of the origin stream's position (work forked and never joined
+ *     back, directly or through a chain of streams); in each of these cases the capture
+ *     ends and all its streams stop capturing;
+ *   - graphs: cuGraphGetNodes; cuGraphInstantiateWithFlags copies a graph into an executable
+ *     graph; cuGraphLaunch runs its nodes in order at once (the streams are synchronous):
+ *     copies and memsets move bytes, host functions run, kernel nodes are refused as
+ *     launches are (the whole graph, before anything runs) unless launches are accepted
+ *     (then they are skipped). cuGraphExecUpdate replaces the parameters when the topology
+ *     (node count, each node's dependencies) and the node types are the same and the changes
+ *     are ones CUDA 12 allows (a kernel node may change its function, not whether it is
+ *     cooperative; a copy may not change direction; a 2D memset only its address and
+ *     value), else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with TOPOLOGY_CHANGED,
+ *     NODE_TYPE_CHANGED, ATTRIBUTES_CHANGED or PARAMETERS_CHANGED and the node.
+ *
+ * Not modelled: capture of the per-thread default stream, graphs built node by node, child
+ * graph nodes (cuGraphLaunch into a capturing stream), memory nodes (stream-ordered
+ * allocation on a capturing stream), cuThreadExchangeStreamCaptureMode (every thread is in
+ * the default GLOBAL interaction mode).
+ *
+ * What CUDA refuses during capture is refused here with its error, and invalidates the
+ * capture(s) concerned, which then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED on every
+ * stream-ordered call until ended. Each of these refusals is also counted as misuse: it is
+ * what safecuda must prevent by refusing such calls itself (the errors a capture answers
+ * after its invalidation are not counted again):
+ *   - CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: cuStreamSynchronize / cuStreamQuery of a
+ *     capturing stream; cuCtxSynchronize during any capture; cuMemAlloc, cuMemFree,
+ *     cuMemHostAlloc, cuMemFreeHost, cuModuleLoadDataEx, cuModuleUnload during a GLOBAL
+ *     capture (any thread) or a THREAD_LOCAL one of the calling thread (never for RELAXED);
+ *     a copy from or to pageable memory on a capturing stream; cuMemAllocFromPoolAsync /
+ *     cuMemFreeAsync on one; cuStreamDestroy of a stream in a capture (the stream stays);
+ *     capturing the legacy stream;
+ *   - CUDA_ERROR_STREAM_CAPTURE_ISOLATION: a capturing stream waits on an event recorded
+ *     outside the capture (without CU_EVENT_WAIT_EXTERNAL);
+ *   - CUDA_ERROR_STREAM_CAPTURE_MERGE: a stream of one capture waits on an event of another
+ *     (both are invalidated);
+ *   - CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: the legacy stream used while a blocking stream
+ *     captures;
+ *   - CUDA_ERROR_CAPTURED_EVENT: cuEventSynchronize / cuEventQuery / cuEventElapsedTime of an
+ *     event last recorded in a capture, and a wait on one whose capture has ended, from a
+ *     stream that is not capturing (record it again outside the capture first);
+ *   - CUDA_ERROR_ILLEGAL_STATE: beginning a capture on a capturing stream, ending one on a
+ *     stream that is not capturing; CUDA_ERROR_STREAM_CAPTURE_UNMATCHED (ending on a stream
+ *     that joined), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (these two invalidate the capture,
+ *     which the origin stream must still end), CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+ *   - at cuGraphLaunch, a node whose device range is no longer in a live allocation, whose
+ *     pinned host range was freed, whose function was unloaded or whose event was
+ *     destroyed: CUDA_ERROR_INVALID_VALUE (a GPU would fault, stickily), nothing runs.
  *
  * Every call validates its arguments the way a careful driver would. A call that hands
  * the test device something no correct caller would (a device range outside every live
@@ -49,7 +122,12 @@
  * that is not in the module, the memory type of a pageable pointer, a non-PTX image) are
  * not misuse.
  *
- * Thread-safe: one mutex guards all state; host functions run outside it. */
+ * Thread-safe: one mutex guards all state; host functions run outside it.
+ *
+ * Counters for safecuda's tests (exported, not an API): safecuda_testdevice_misuse_count,
+ * _last_misuse, _live_{device,host}_allocations, _live_{streams,events,modules,pools},
+ * _live_graphs, _live_graph_execs, _active_captures (begun, not ended), _refused_launches,
+ * and the primary context's. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <pthread.h>
@@ -60,6 +138,7 @@
 #include <string.h>
 
 #include "driver/cuda_api.h"
+#include "testdevice_internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -74,8 +153,8 @@ static uint64_t host_limit = 1024ull << 20;
 static int abort_on_misuse;
 static int compute_capability = 90; /* SAFECUDA_TESTDEVICE_CC, e.g. 80 */
 static int driver_version = 13000;  /* SAFECUDA_TESTDEVICE_DRIVER_VERSION */
-static int accept_launches;         /* SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 */
-static long refused_launches;
+int accept_launches;                /* SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES=1 */
+long refused_launches;
 
 static long misuse;
 static char last_misuse[512];
@@ -101,41 +180,6 @@ typedef struct fake_pool {
 } fake_pool;
 #define POOL_MAGIC 0x9001
 
-typedef struct fake_alloc {
-    uintptr_t base;
-    uint64_t size;
-    int is_host;
-    fake_pool *pool; /* NULL for cuMemAlloc / host */
-} fake_alloc;
-
-typedef struct fake_stream {
-    int magic;
-    unsigned flags;
-    int priority;
-} fake_stream;
-#define STREAM_MAGIC 0x57e4
-
-typedef struct fake_event {
-    int magic;
-    unsigned flags;
-    int recorded;
-} fake_event;
-#define EVENT_MAGIC 0xe7e7
-
-#define MAX_PARAMS 256
-typedef struct fake_func {
-    int magic;
-    struct fake_module *module;
-    char *name;
-    int n_params;
-    size_t offset[MAX_PARAMS], size[MAX_PARAMS];
-    int max_threads;
-    int static_shared;
-    int max_dynamic_shared;
-    int ptx_version;
-} fake_func;
-#define FUNC_MAGIC 0xf00c
-
 typedef struct fake_module {
     int magic;
     int n_funcs;
@@ -143,20 +187,15 @@ typedef struct fake_module {
 } fake_module;
 #define MODULE_MAGIC 0x30d
 
-/* A set of live pointers (linear search: the tests hold few objects). */
-typedef struct ptr_set {
-    void **items;
-    size_t n, cap;
-} ptr_set;
-
-static ptr_set pools, streams, events, modules, funcs;
+static ptr_set pools, modules;
+ptr_set streams, events, funcs;
 static fake_alloc *allocs;
 static size_t n_allocs, cap_allocs;
 static uint64_t device_used; /* bytes of live device allocations */
 static uint64_t host_used;
 static long live_device, live_host;
 
-static int set_add(ptr_set *s, void *p)
+int set_add(ptr_set *s, void *p)
 {
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
@@ -170,7 +209,7 @@ static int set_add(ptr_set *s, void *p)
     return 1;
 }
 
-static int set_has(const ptr_set *s, const void *p)
+int set_has(const ptr_set *s, const void *p)
 {
     if (!p)
         return 0;
@@ -180,7 +219,7 @@ static int set_has(const ptr_set *s, const void *p)
     return 0;
 }
 
-static int set_remove(ptr_set *s, const void *p)
+int set_remove(ptr_set *s, const void *p)
 {
     for (size_t i = 0; i < s->n; i++)
         if (s->items[i] == p) {
@@ -190,9 +229,11 @@ static int set_remove(ptr_set *s, const void *p)
     return 0;
 }
 
+void td_lock(void) { pthread_mutex_lock(&lock); }
+void td_unlock(void) { pthread_mutex_unlock(&lock); }
+
 /* Record a misuse (the caller holds the lock) and return err. */
-__attribute__((format(printf, 3, 4))) static CUresult bad(CUresult err, const char *fn,
-                                                          const char *fmt, ...)
+CUresult bad(CUresult err, const char *fn, const char *fmt, ...)
 {
     misuse++;
     int n = snprintf(last_misuse, sizeof last_misuse, "%s: ", fn);
@@ -208,14 +249,14 @@ __attribute__((format(printf, 3, 4))) static CUresult bad(CUresult err, const ch
 }
 
 /* The checks most entry points start with (lock held). */
-static CUresult need_init(const char *fn)
+CUresult need_init(const char *fn)
 {
     if (!initialized)
         return bad(CUDA_ERROR_NOT_INITIALIZED, fn, "called before cuInit");
     return CUDA_SUCCESS;
 }
 
-static CUresult need_ctx(const char *fn)
+CUresult need_ctx(const char *fn)
 {
     CUresult r = need_init(fn);
     if (r != CUDA_SUCCESS)
@@ -228,7 +269,7 @@ static CUresult need_ctx(const char *fn)
     return CUDA_SUCCESS;
 }
 
-static CUresult need_stream(CUstream s, const char *fn)
+CUresult need_stream(CUstream s, const char *fn)
 {
     /* NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are valid. */
     if ((uintptr_t)s <= 2 || set_has(&streams, s))
@@ -237,7 +278,7 @@ static CUresult need_stream(CUstream s, const char *fn)
 }
 
 /* The live allocation containing address p (device or host), or NULL. */
-static fake_alloc *find_alloc(uintptr_t p)
+fake_alloc *find_alloc(uintptr_t p)
 {
     for (size_t i = 0; i < n_allocs; i++)
         if (p >= allocs[i].base && p - allocs[i].base < allocs[i].size)
@@ -254,7 +295,7 @@ static fake_alloc *find_base(uintptr_t p)
 }
 
 /* [p, p + n) lies inside one live device allocation. */
-static CUresult device_range(CUdeviceptr p, uint64_t n, const char *fn, const char *what)
+CUresult device_range(CUdeviceptr p, uint64_t n, const char *fn, const char *what)
 {
     if (n == 0)
         return CUDA_SUCCESS;
@@ -382,8 +423,9 @@ static const struct {
 } errors[] = {SCI_CU_ERRORS(ERROR_ROW)};
 #undef ERROR_ROW
 
-/* The only call that answers CUDA_ERROR_NOT_SUPPORTED here is a launch: its text says why,
- * and the library quotes it in its message. */
+/* CUDA_ERROR_NOT_SUPPORTED is mostly a refused launch (or graph launch): its text says why,
+ * and the library quotes it in its message. (A launch attribute the test device does not
+ * know, a cluster before sm_90 and a cooperative launch before sm_60 answer it too.) */
 #define LAUNCH_REFUSED_TEXT                                                                  \
     "operation not supported: kernels do not run on the safecuda test device (device "       \
     "memory is host memory; run the kernels on a GPU)"
@@ -534,6 +576,8 @@ static int attribute(CUdevice_attribute a, int *ok)
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 227 * 1024;
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return compute_capability >= 60;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: return compute_capability >= 90;
     default: *ok = 0; return 0;
     }
 }
@@ -648,6 +692,8 @@ static CUresult f_cuCtxSynchronize(void)
 {
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx("cuCtxSynchronize");
+    if (r == CUDA_SUCCESS) /* the context holds a capturing stream: no capture survives it */
+        r = td_capture_unsafe("cuCtxSynchronize", 1);
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     pthread_mutex_unlock(&lock);
@@ -761,6 +807,8 @@ static CUresult f_cuMemAlloc(CUdeviceptr *p, size_t n)
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx("cuMemAlloc");
     if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuMemAlloc", 0);
+    if (r == CUDA_SUCCESS)
         r = device_alloc(p, n, NULL, "cuMemAlloc");
     pthread_mutex_unlock(&lock);
     return r;
@@ -770,6 +818,8 @@ static CUresult f_cuMemFree(CUdeviceptr p)
 {
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx("cuMemFree");
+    if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuMemFree", 0);
     if (r == CUDA_SUCCESS)
         r = device_free(p, 0, "cuMemFree");
     pthread_mutex_unlock(&lock);
@@ -918,6 +968,22 @@ static CUresult f_cuMemPoolTrimTo(CUmemoryPool p, size_t keep)
     return r;
 }
 
+/* Stream-ordered allocation on a capturing stream: CUDA records memory nodes, which the test
+ * device does not model; safecuda never does it (its buffers outlive the graphs that use
+ * them), so it is refused as misuse and invalidates the capture. */
+static CUresult no_pool_capture(CUstream s, const char *fn)
+{
+    struct fake_capture *cap = NULL;
+    CUresult r = td_capture_of(s, fn, &cap);
+    if (r != CUDA_SUCCESS || !cap)
+        return r;
+    td_capture_failed(cap, fn);
+    return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+               "stream-ordered allocation or free on capturing stream %p (memory nodes are not "
+               "modelled by the test device); the capture is invalidated",
+               (void *)s);
+}
+
 static CUresult f_cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool,
                                           CUstream s)
 {
@@ -927,6 +993,8 @@ static CUresult f_cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool
         r = pool_ok(pool, "cuMemAllocFromPoolAsync");
     if (r == CUDA_SUCCESS)
         r = need_stream(s, "cuMemAllocFromPoolAsync");
+    if (r == CUDA_SUCCESS)
+        r = no_pool_capture(s, "cuMemAllocFromPoolAsync");
     if (r == CUDA_SUCCESS)
         r = device_alloc(p, n, (fake_pool *)(void *)pool, "cuMemAllocFromPoolAsync");
     pthread_mutex_unlock(&lock);
@@ -940,6 +1008,8 @@ static CUresult f_cuMemFreeAsync(CUdeviceptr p, CUstream s)
     if (r == CUDA_SUCCESS)
         r = need_stream(s, "cuMemFreeAsync");
     if (r == CUDA_SUCCESS)
+        r = no_pool_capture(s, "cuMemFreeAsync");
+    if (r == CUDA_SUCCESS)
         r = device_free(p, 1, "cuMemFreeAsync");
     pthread_mutex_unlock(&lock);
     return r;
@@ -949,6 +1019,8 @@ static CUresult f_cuMemHostAlloc(void **p, size_t n, unsigned flags)
 {
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx("cuMemHostAlloc");
+    if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuMemHostAlloc", 0);
     if (r == CUDA_SUCCESS && !p)
         r = bad(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc", "NULL out-pointer");
     else if (r == CUDA_SUCCESS && n == 0)
@@ -977,6 +1049,8 @@ static CUresult f_cuMemFreeHost(void *p)
 {
     pthread_mutex_lock(&lock);
     CUresult r = need_init("cuMemFreeHost");
+    if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuMemFreeHost", 0);
     if (r == CUDA_SUCCESS) {
         fake_alloc *a = find_base((uintptr_t)p);
         if (!a || !a->is_host) {
@@ -1012,21 +1086,36 @@ static CUresult f_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
     return r;
 }
 
-/* ---- copies and memsets (synchronous) ------------------------------------------------------ */
+/* ---- copies and memsets (synchronous, or recorded while capturing) ----------------------- */
+
+/* The end of a copy or memset (lock held): on a capturing stream the validated operation is
+ * recorded as a node, else it has run; an error on a capturing stream invalidates it. */
+static CUresult copy_done(CUresult r, struct fake_capture *cap, const char *fn)
+{
+    if (r != CUDA_SUCCESS && cap)
+        td_capture_failed(cap, fn);
+    return r;
+}
 
 static CUresult f_cuMemcpyHtoDAsync(CUdeviceptr d, const void *h, size_t n, CUstream s)
 {
     static const char fn[] = "cuMemcpyHtoDAsync";
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
         r = need_stream(s, fn);
     if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS)
         r = device_range(d, n, fn, "destination");
     if (r == CUDA_SUCCESS)
         r = host_range(h, n, fn, "source");
-    if (r == CUDA_SUCCESS && n)
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_copy(cap, s, COPY_HTOD, (uintptr_t)d, (uintptr_t)h, n, fn);
+    else if (r == CUDA_SUCCESS && n)
         memmove((void *)(uintptr_t)d, h, n);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -1034,16 +1123,22 @@ static CUresult f_cuMemcpyHtoDAsync(CUdeviceptr d, const void *h, size_t n, CUst
 static CUresult f_cuMemcpyDtoHAsync(void *h, CUdeviceptr d, size_t n, CUstream s)
 {
     static const char fn[] = "cuMemcpyDtoHAsync";
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
         r = need_stream(s, fn);
     if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS)
         r = device_range(d, n, fn, "source");
     if (r == CUDA_SUCCESS)
         r = host_range(h, n, fn, "destination");
-    if (r == CUDA_SUCCESS && n)
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_copy(cap, s, COPY_DTOH, (uintptr_t)h, (uintptr_t)d, n, fn);
+    else if (r == CUDA_SUCCESS && n)
         memmove(h, (const void *)(uintptr_t)d, n);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -1051,10 +1146,13 @@ static CUresult f_cuMemcpyDtoHAsync(void *h, CUdeviceptr d, size_t n, CUstream s
 static CUresult f_cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s)
 {
     static const char fn[] = "cuMemcpyDtoDAsync";
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
         r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
     if (r == CUDA_SUCCESS)
         r = device_range(d, n, fn, "destination");
     if (r == CUDA_SUCCESS)
@@ -1063,19 +1161,41 @@ static CUresult f_cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr src, size_t n, CU
         r = bad(CUDA_ERROR_INVALID_VALUE, fn,
                 "overlapping ranges [0x%llx, +%zu) and [0x%llx, +%zu)", (unsigned long long)d, n,
                 (unsigned long long)src, n);
-    if (r == CUDA_SUCCESS && n)
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_copy(cap, s, COPY_DTOD, (uintptr_t)d, (uintptr_t)src, n, fn);
+    else if (r == CUDA_SUCCESS && n)
         memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)src, n);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
+}
+
+void fill_rows(uintptr_t d, size_t pitch, uint32_t v, size_t esize, size_t w, size_t h)
+{
+    for (size_t y = 0; y < h; y++) {
+        unsigned char *p = (unsigned char *)(d + y * pitch);
+        for (size_t x = 0; x < w; x++) {
+            if (esize == 1)
+                p[x] = (unsigned char)v;
+            else if (esize == 2) {
+                uint16_t v16 = (uint16_t)v;
+                memcpy(p + 2 * x, &v16, 2);
+            } else
+                memcpy(p + 4 * x, &v, 4);
+        }
+    }
 }
 
 static CUresult memset_common(CUdeviceptr d, size_t pitch, uint32_t v, size_t esize, size_t w,
                               size_t h, CUstream s, const char *fn)
 {
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
         r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
     if (r == CUDA_SUCCESS && d % esize)
         r = bad(CUDA_ERROR_INVALID_VALUE, fn, "address 0x%llx is not %zu-byte aligned",
                 (unsigned long long)d, esize);
@@ -1091,20 +1211,11 @@ static CUresult memset_common(CUdeviceptr d, size_t pitch, uint32_t v, size_t es
         else
             r = device_range(d, span, fn, "destination");
     }
-    if (r == CUDA_SUCCESS && w && h) {
-        for (size_t y = 0; y < h; y++) {
-            unsigned char *p = (unsigned char *)(uintptr_t)(d + y * pitch);
-            for (size_t x = 0; x < w; x++) {
-                if (esize == 1)
-                    p[x] = (unsigned char)v;
-                else if (esize == 2) {
-                    uint16_t v16 = (uint16_t)v;
-                    memcpy(p + 2 * x, &v16, 2);
-                } else
-                    memcpy(p + 4 * x, &v, 4);
-            }
-        }
-    }
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_memset(cap, s, (uintptr_t)d, pitch, v, esize, w, h, fn);
+    else if (r == CUDA_SUCCESS && w && h)
+        fill_rows((uintptr_t)d, pitch, v, esize, w, h);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -1158,15 +1269,35 @@ static CUresult f_cuStreamCreateWithPriority(CUstream *s, unsigned flags, int pr
 
 static CUresult f_cuStreamDestroy(CUstream s)
 {
+    static const char fn[] = "cuStreamDestroy";
     pthread_mutex_lock(&lock);
-    CUresult r = need_ctx("cuStreamDestroy");
-    if (r == CUDA_SUCCESS && !set_remove(&streams, s))
-        r = bad(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy", "unknown or destroyed stream %p",
-                (void *)s);
-    else if (r == CUDA_SUCCESS)
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS && !set_has(&streams, s))
+        r = bad(CUDA_ERROR_INVALID_HANDLE, fn, "unknown or destroyed stream %p", (void *)s);
+    if (r == CUDA_SUCCESS)
+        r = td_stream_destroy_check((fake_stream *)(void *)s, fn);
+    if (r == CUDA_SUCCESS) {
+        set_remove(&streams, s);
+        td_stream_forget((fake_stream *)(void *)s);
         free(s);
+    }
     pthread_mutex_unlock(&lock);
     return r;
+}
+
+/* Synchronizing or querying a capturing stream: CUDA refuses it and invalidates the capture
+ * (the stream stands for work in a graph, not for work that runs). */
+static CUresult not_capturing(CUstream s, const char *fn)
+{
+    struct fake_capture *cap = NULL;
+    CUresult r = td_capture_of(s, fn, &cap);
+    if (r != CUDA_SUCCESS || !cap)
+        return r;
+    td_capture_failed(cap, fn);
+    return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+               "stream %p is capturing: it can't be synchronized or queried; the capture is "
+               "invalidated",
+               (void *)s);
 }
 
 static CUresult f_cuStreamSynchronize(CUstream s)
@@ -1175,6 +1306,8 @@ static CUresult f_cuStreamSynchronize(CUstream s)
     CUresult r = need_ctx("cuStreamSynchronize");
     if (r == CUDA_SUCCESS)
         r = need_stream(s, "cuStreamSynchronize");
+    if (r == CUDA_SUCCESS)
+        r = not_capturing(s, "cuStreamSynchronize");
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     pthread_mutex_unlock(&lock);
@@ -1187,11 +1320,13 @@ static CUresult f_cuStreamQuery(CUstream s)
     CUresult r = need_ctx("cuStreamQuery");
     if (r == CUDA_SUCCESS)
         r = need_stream(s, "cuStreamQuery");
+    if (r == CUDA_SUCCESS)
+        r = not_capturing(s, "cuStreamQuery");
     pthread_mutex_unlock(&lock);
     return r;
 }
 
-static CUresult event_ok(CUevent e, const char *fn)
+CUresult event_ok(CUevent e, const char *fn)
 {
     if (!set_has(&events, e))
         return bad(CUDA_ERROR_INVALID_HANDLE, fn, "unknown or destroyed event %p", (void *)e);
@@ -1200,31 +1335,43 @@ static CUresult event_ok(CUevent e, const char *fn)
 
 static CUresult f_cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags)
 {
+    static const char fn[] = "cuStreamWaitEvent";
     pthread_mutex_lock(&lock);
-    CUresult r = need_ctx("cuStreamWaitEvent");
+    CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
-        r = need_stream(s, "cuStreamWaitEvent");
+        r = need_stream(s, fn);
     if (r == CUDA_SUCCESS)
-        r = event_ok(e, "cuStreamWaitEvent");
-    if (r == CUDA_SUCCESS && flags > 1)
-        r = bad(CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent", "flags 0x%x", flags);
+        r = event_ok(e, fn);
+    if (r == CUDA_SUCCESS && flags > 1 /* CU_EVENT_WAIT_EXTERNAL */)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "flags 0x%x", flags);
+    if (r == CUDA_SUCCESS)
+        r = td_stream_wait(s, (fake_event *)(void *)e, flags, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
 
-static CUresult f_cuLaunchHostFunc(CUstream s, CUhostFn fn, void *user)
+static CUresult f_cuLaunchHostFunc(CUstream s, CUhostFn host, void *user)
 {
+    static const char fn[] = "cuLaunchHostFunc";
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
-    CUresult r = need_ctx("cuLaunchHostFunc");
+    CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
-        r = need_stream(s, "cuLaunchHostFunc");
-    if (r == CUDA_SUCCESS && !fn)
-        r = bad(CUDA_ERROR_INVALID_VALUE, "cuLaunchHostFunc", "NULL function");
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS && !host)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL function");
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_host(cap, s, host, user, fn);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
-    if (r == CUDA_SUCCESS)
-        fn(user); /* streams are synchronous: the function runs now, outside the lock */
+    if (r == CUDA_SUCCESS && !cap)
+        host(user); /* streams are synchronous: the function runs now, outside the lock */
     return r;
 }
+
+static uint64_t event_serial;
 
 static CUresult f_cuEventCreate(CUevent *e, unsigned flags)
 {
@@ -1242,6 +1389,7 @@ static CUresult f_cuEventCreate(CUevent *e, unsigned flags)
         } else {
             ev->magic = EVENT_MAGIC;
             ev->flags = flags;
+            ev->serial = ++event_serial;
             *e = (CUevent)(void *)ev;
         }
     }
@@ -1256,22 +1404,29 @@ static CUresult f_cuEventDestroy(CUevent e)
     if (r == CUDA_SUCCESS && !set_remove(&events, e))
         r = bad(CUDA_ERROR_INVALID_HANDLE, "cuEventDestroy", "unknown or destroyed event %p",
                 (void *)e);
-    else if (r == CUDA_SUCCESS)
+    else if (r == CUDA_SUCCESS) {
+        td_event_forget((fake_event *)(void *)e);
         free(e);
+    }
     pthread_mutex_unlock(&lock);
     return r;
 }
 
 static CUresult f_cuEventRecord(CUevent e, CUstream s)
 {
+    static const char fn[] = "cuEventRecord";
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
-    CUresult r = need_ctx("cuEventRecord");
+    CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
-        r = event_ok(e, "cuEventRecord");
+        r = event_ok(e, fn);
     if (r == CUDA_SUCCESS)
-        r = need_stream(s, "cuEventRecord");
+        r = need_stream(s, fn);
     if (r == CUDA_SUCCESS)
-        ((fake_event *)(void *)e)->recorded = 1;
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS)
+        r = td_event_record((fake_event *)(void *)e, cap, s);
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -1282,6 +1437,8 @@ static CUresult f_cuEventSynchronize(CUevent e)
     CUresult r = need_ctx("cuEventSynchronize");
     if (r == CUDA_SUCCESS)
         r = event_ok(e, "cuEventSynchronize");
+    if (r == CUDA_SUCCESS)
+        r = td_event_check((fake_event *)(void *)e, "cuEventSynchronize");
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     pthread_mutex_unlock(&lock);
@@ -1294,6 +1451,8 @@ static CUresult f_cuEventQuery(CUevent e)
     CUresult r = need_ctx("cuEventQuery");
     if (r == CUDA_SUCCESS)
         r = event_ok(e, "cuEventQuery");
+    if (r == CUDA_SUCCESS)
+        r = td_event_check((fake_event *)(void *)e, "cuEventQuery");
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -1308,6 +1467,10 @@ static CUresult f_cuEventElapsedTime(float *ms, CUevent a, CUevent b)
         r = event_ok(a, "cuEventElapsedTime");
     if (r == CUDA_SUCCESS)
         r = event_ok(b, "cuEventElapsedTime");
+    if (r == CUDA_SUCCESS)
+        r = td_event_check((fake_event *)(void *)a, "cuEventElapsedTime");
+    if (r == CUDA_SUCCESS)
+        r = td_event_check((fake_event *)(void *)b, "cuEventElapsedTime");
     if (r == CUDA_SUCCESS) {
         fake_event *ea = (fake_event *)(void *)a, *eb = (fake_event *)(void *)b;
         if ((ea->flags | eb->flags) & CU_EVENT_DISABLE_TIMING)
@@ -1450,6 +1613,25 @@ static const char *parse_params(const char *p, const char *end, fake_func *f, in
     }
 }
 
+/* Up to three comma-separated numbers (the ones left out are 1). */
+static const char *parse_dims(const char *p, const char *end, long dims[3])
+{
+    dims[0] = dims[1] = dims[2] = 1;
+    for (int k = 0; k < 3; k++) {
+        const char *t;
+        size_t n;
+        p = token(p, end, &t, &n);
+        dims[k] = n ? strtol(t, NULL, 10) : 0;
+        const char *save = p;
+        p = token(p, end, &t, &n);
+        if (!tok_is(t, n, ",")) {
+            p = save;
+            break;
+        }
+    }
+    return p;
+}
+
 /* The PTX text's kernels; NULL on a parse error (no entry, bad parameter list). */
 static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
 {
@@ -1516,7 +1698,9 @@ static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
                 return NULL;
             }
         }
-        /* Performance directives up to the body: .maxntid X, Y, Z */
+        /* Performance directives up to the body: .maxntid X, Y, Z; the cluster a
+         * __cluster_dims__ kernel requires (.reqnctapercluster X, Y, Z) and whether a
+         * launch must give one (.explicitcluster). */
         for (;;) {
             const char *save = p;
             p = token(p, end, &t, &n);
@@ -1525,19 +1709,19 @@ static fake_module *parse_ptx(const char *text, char *log, size_t log_size)
                 break;
             }
             if (tok_is(t, n, ".maxntid") || tok_is(t, n, ".reqntid")) {
-                long prod = 1;
-                for (int k = 0; k < 3; k++) {
-                    p = token(p, end, &t, &n);
-                    prod *= strtol(t, NULL, 10);
-                    const char *s2 = p;
-                    p = token(p, end, &t, &n);
-                    if (!tok_is(t, n, ",")) {
-                        p = s2;
-                        break;
-                    }
-                }
+                long dims[3];
+                p = parse_dims(p, end, dims);
+                long prod = dims[0] * dims[1] * dims[2];
                 if (prod > 0 && prod < f->max_threads)
                     f->max_threads = (int)prod;
+            } else if (tok_is(t, n, ".reqnctapercluster")) {
+                long dims[3];
+                p = parse_dims(p, end, dims);
+                for (int k = 0; k < 3; k++)
+                    f->req_cluster[k] = dims[k] > 0 && dims[k] <= 1024 ? (unsigned)dims[k] : 0;
+                f->req_cluster_in_ptx = 1;
+            } else if (tok_is(t, n, ".explicitcluster")) {
+                f->explicit_cluster = 1;
             }
         }
         /* Static shared memory in the body: .shared .align A .b8 NAME[N]; */
@@ -1599,6 +1783,8 @@ static CUresult f_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n,
 {
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx("cuModuleLoadDataEx");
+    if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuModuleLoadDataEx", 0);
     if (r == CUDA_SUCCESS && (!m || !image))
         r = bad(CUDA_ERROR_INVALID_VALUE, "cuModuleLoadDataEx", "NULL argument");
     else if (r == CUDA_SUCCESS && n && (!opts || !vals))
@@ -1620,8 +1806,11 @@ static CUresult f_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n,
     }
     pthread_mutex_lock(&lock);
     int ok = set_add(&modules, mod);
-    for (int i = 0; ok && i < mod->n_funcs; i++)
+    static uint64_t func_serial;
+    for (int i = 0; ok && i < mod->n_funcs; i++) {
+        mod->funcs[i]->serial = ++func_serial;
         ok = set_add(&funcs, mod->funcs[i]);
+    }
     if (!ok) {
         set_remove(&modules, mod);
         free_module(mod);
@@ -1654,6 +1843,8 @@ static CUresult f_cuModuleUnload(CUmodule m)
     CUresult r = need_ctx("cuModuleUnload");
     if (r == CUDA_SUCCESS)
         r = module_ok(m, "cuModuleUnload");
+    if (r == CUDA_SUCCESS)
+        r = td_capture_unsafe("cuModuleUnload", 0);
     if (r == CUDA_SUCCESS) {
         set_remove(&modules, m);
         free_module((fake_module *)(void *)m);
@@ -1750,6 +1941,13 @@ static CUresult f_cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction 
         case 7 /* CU_FUNC_ATTRIBUTE_CACHE_MODE_CA */: *v = 0; break;
         case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = fu->max_dynamic_shared; break;
         case 9 /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT */: *v = -1; break;
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: *v = fu->explicit_cluster; break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: *v = (int)fu->req_cluster[0]; break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: *v = (int)fu->req_cluster[1]; break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: *v = (int)fu->req_cluster[2]; break;
+        case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+            *v = fu->non_portable_cluster;
+            break;
         default: r = CUDA_ERROR_INVALID_VALUE;
         }
     }
@@ -1772,6 +1970,22 @@ static CUresult f_cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v
                         227 * 1024 - fu->static_shared);
             else
                 fu->max_dynamic_shared = v;
+        } else if ((int)a == CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) {
+            if (v != 0 && v != 1)
+                r = bad(CUDA_ERROR_INVALID_VALUE, "cuFuncSetAttribute",
+                        "NON_PORTABLE_CLUSTER_SIZE_ALLOWED is 0 or 1, not %d", v);
+            else
+                fu->non_portable_cluster = v;
+        } else if ((int)a >= CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH &&
+                   (int)a <= CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH) {
+            if (fu->req_cluster_in_ptx) /* as CUDA: a compile-time cluster is fixed */
+                r = bad(CUDA_ERROR_NOT_PERMITTED, "cuFuncSetAttribute",
+                        "kernel %s was compiled with its cluster (.reqnctapercluster)", fu->name);
+            else if (v < 0 || v > 1024)
+                r = bad(CUDA_ERROR_INVALID_VALUE, "cuFuncSetAttribute",
+                        "required cluster dimension %d", v);
+            else
+                fu->req_cluster[(int)a - CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH] = (unsigned)v;
         } else if ((int)a != 9) {
             r = bad(CUDA_ERROR_INVALID_VALUE, "cuFuncSetAttribute", "attribute %d can't be set",
                     (int)a);
@@ -1920,147 +2134,263 @@ static CUresult f_cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunc
     return CUDA_SUCCESS;
 }
 
-static CUresult f_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                 unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                 CUstream s, void **params, void **extra)
+/* The number of SMs, and how clusters are placed: inside GPCs, modelled as 8 of 16 SMs. */
+#define SM_COUNT 132
+#define GPC_COUNT 8
+#define SMS_PER_GPC 16
+
+/* The cluster a launch of fu runs with (lock held): dims, all 0 for none. Misuse: a zero
+ * dimension, a cluster other than the one the kernel was compiled with, a partly set
+ * required cluster, none for a kernel that needs one, any on a device before sm_90. */
+static CUresult launch_cluster(const fake_func *fu, const launch_attrs *a, unsigned dims[3],
+                               const char *fn)
 {
-    static const char fn[] = "cuLaunchKernel";
+    const unsigned *req = fu->req_cluster;
+    int req_any = req[0] || req[1] || req[2], req_all = req[0] && req[1] && req[2];
+    dims[0] = dims[1] = dims[2] = 0;
+    if (req_any && !req_all)
+        return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                   "kernel %s: required cluster %ux%ux%u mixes zero and non-zero dimensions",
+                   fu->name, req[0], req[1], req[2]);
+    if (a->has_cluster) {
+        const unsigned *c = a->cluster;
+        if (!c[0] || !c[1] || !c[2])
+            return bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: cluster %ux%ux%u has a zero",
+                       fu->name, c[0], c[1], c[2]);
+        if (req_all && (c[0] != req[0] || c[1] != req[1] || c[2] != req[2]))
+            return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                       "kernel %s: cluster %ux%ux%u, but the kernel requires %ux%ux%u", fu->name,
+                       c[0], c[1], c[2], req[0], req[1], req[2]);
+        memcpy(dims, c, 3 * sizeof *dims);
+    } else if (req_all) {
+        memcpy(dims, req, 3 * sizeof *dims);
+    } else if (fu->explicit_cluster) {
+        return bad(CUDA_ERROR_INVALID_CLUSTER_SIZE, fn,
+                   "kernel %s must be launched with a cluster dimension (.explicitcluster)",
+                   fu->name);
+    } else {
+        return CUDA_SUCCESS;
+    }
+    if (compute_capability < 90)
+        return bad(CUDA_ERROR_NOT_SUPPORTED, fn,
+                   "kernel %s: thread block clusters need compute capability 9.0 (the device "
+                   "reports %d.%d)",
+                   fu->name, compute_capability / 10, compute_capability % 10);
+    return CUDA_SUCCESS;
+}
+
+/* The most blocks a cluster may have: 8 (portable), 16 with NON_PORTABLE_CLUSTER_SIZE_ALLOWED. */
+static unsigned cluster_limit(const fake_func *fu) { return fu->non_portable_cluster ? 16 : 8; }
+
+/* A launch's checks (lock held), the same with or without capture. */
+static CUresult check_launch(const fake_func *fu, const unsigned g[3], const unsigned b[3],
+                             unsigned shared, void **params, void **extra,
+                             const launch_attrs *a, const char *fn)
+{
+    uint64_t threads = (uint64_t)b[0] * b[1] * b[2];
+    if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2])
+        return bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: grid %ux%ux%u block %ux%ux%u",
+                   fu->name, g[0], g[1], g[2], b[0], b[1], b[2]);
+    if (g[0] > 2147483647u || g[1] > 65535 || g[2] > 65535 || b[0] > 1024 || b[1] > 1024 ||
+        b[2] > 64 || threads > (uint64_t)fu->max_threads)
+        return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                   "kernel %s: grid %ux%ux%u block %ux%ux%u exceeds the limits", fu->name, g[0],
+                   g[1], g[2], b[0], b[1], b[2]);
+    if (shared > (unsigned)fu->max_dynamic_shared)
+        return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                   "kernel %s: %u bytes of dynamic shared memory (limit %d)", fu->name, shared,
+                   fu->max_dynamic_shared);
+    unsigned c[3];
+    CUresult r = launch_cluster(fu, a, c, fn);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (c[0] && (g[0] % c[0] || g[1] % c[1] || g[2] % c[2]))
+        return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                   "kernel %s: grid %ux%ux%u is not a whole number of %ux%ux%u clusters",
+                   fu->name, g[0], g[1], g[2], c[0], c[1], c[2]);
+    if (c[0] && c[0] * c[1] * c[2] > cluster_limit(fu))
+        return bad(CUDA_ERROR_INVALID_CLUSTER_SIZE, fn,
+                   "kernel %s: a cluster of %ux%ux%u = %u blocks, more than %u%s", fu->name, c[0],
+                   c[1], c[2], c[0] * c[1] * c[2], cluster_limit(fu),
+                   fu->non_portable_cluster ? "" : " (the portable size; see "
+                                                   "NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+    if (a->cooperative) {
+        if (compute_capability < 60)
+            return bad(CUDA_ERROR_NOT_SUPPORTED, fn,
+                       "kernel %s: cooperative launches need compute capability 6.0", fu->name);
+        uint64_t blocks = (uint64_t)g[0] * g[1] * g[2];
+        uint64_t per_sm = (uint64_t)occupancy(fu, (int)threads, shared);
+        if (blocks > per_sm * SM_COUNT)
+            return bad(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, fn,
+                       "kernel %s: a cooperative grid of %llu blocks; at most %llu can be "
+                       "resident (%llu a multiprocessor x %d)",
+                       fu->name, (unsigned long long)blocks,
+                       (unsigned long long)(per_sm * SM_COUNT), (unsigned long long)per_sm,
+                       SM_COUNT);
+    }
+    if (extra)
+        return bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: 'extra' is not supported", fu->name);
+    if (fu->n_params > 0 && !params)
+        return bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s has %d parameters but params is NULL",
+                   fu->name, fu->n_params);
+    for (int i = 0; i < fu->n_params; i++)
+        if (!params[i])
+            return bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: params[%d] is NULL", fu->name, i);
+    return CUDA_SUCCESS;
+}
+
+/* A launch: validated, then recorded on a capturing stream; otherwise nothing runs (this is
+ * not a GPU), so it is refused, unless safecuda's own bookkeeping tests asked for launches
+ * to be accepted without running. */
+static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], unsigned shared,
+                       CUstream s, void **params, void **extra, const launch_attrs *a,
+                       const char *fn)
+{
+    struct fake_capture *cap = NULL;
     pthread_mutex_lock(&lock);
     CUresult r = need_ctx(fn);
     if (r == CUDA_SUCCESS)
         r = func_ok(f, fn);
     if (r == CUDA_SUCCESS)
         r = need_stream(s, fn);
-    if (r == CUDA_SUCCESS) {
-        const fake_func *fu = (const fake_func *)(void *)f;
-        uint64_t threads = (uint64_t)bx * by * bz;
-        if (!gx || !gy || !gz || !bx || !by || !bz)
-            r = bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: grid %ux%ux%u block %ux%ux%u",
-                    fu->name, gx, gy, gz, bx, by, bz);
-        else if (gx > 2147483647u || gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 ||
-                 bz > 64 || threads > (uint64_t)fu->max_threads)
-            r = bad(CUDA_ERROR_INVALID_VALUE, fn,
-                    "kernel %s: grid %ux%ux%u block %ux%ux%u exceeds the limits", fu->name, gx,
-                    gy, gz, bx, by, bz);
-        else if (shared > (unsigned)fu->max_dynamic_shared)
-            r = bad(CUDA_ERROR_INVALID_VALUE, fn,
-                    "kernel %s: %u bytes of dynamic shared memory (limit %d)", fu->name, shared,
-                    fu->max_dynamic_shared);
-        else if (extra)
-            r = bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: 'extra' is not supported",
-                    fu->name);
-        else if (fu->n_params > 0 && !params)
-            r = bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s has %d parameters but params is NULL",
-                    fu->name, fu->n_params);
-        else
-            for (int i = 0; i < fu->n_params && r == CUDA_SUCCESS; i++)
-                if (!params[i])
-                    r = bad(CUDA_ERROR_INVALID_VALUE, fn, "kernel %s: params[%d] is NULL",
-                            fu->name, i);
-    }
-    /* A valid launch: nothing runs (this is not a GPU), so it is refused, unless safecuda's
-     * own bookkeeping tests asked for launches to be accepted without running. */
-    if (r == CUDA_SUCCESS && !accept_launches) {
+    if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS)
+        r = check_launch((const fake_func *)(void *)f, g, b, shared, params, extra, a, fn);
+    if (r == CUDA_SUCCESS && cap)
+        r = td_capture_kernel(cap, s, (const fake_func *)(void *)f, g, b, shared, params, a, fn);
+    else if (r == CUDA_SUCCESS && !accept_launches) {
         refused_launches++;
         r = CUDA_ERROR_NOT_SUPPORTED;
     }
+    r = copy_done(r, cap, fn);
     pthread_mutex_unlock(&lock);
     return r;
 }
 
-/* The extensible launch: the configuration validated, then the launch as cuLaunchKernel
- * (refused, or accepted without running: a programmatic dependency changes nothing). */
-static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
-                                   void **extra)
+static CUresult f_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                 unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                 CUstream s, void **params, void **extra)
 {
+    const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    const launch_attrs none = {0};
+    return launch(f, g, b, shared, s, params, extra, &none, "cuLaunchKernel");
+}
+
+/* The attributes of an extensible launch the test device knows: cooperative, cluster
+ * dimension, programmatic stream serialization (which changes nothing here). Another
+ * attribute is CUDA_ERROR_NOT_SUPPORTED (not misuse: a newer caller may try it). */
+static CUresult launch_attributes(const CUlaunchConfig *c, launch_attrs *a, const char *fn)
+{
+    memset(a, 0, sizeof *a);
     if (!c) {
         pthread_mutex_lock(&lock);
-        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx", "NULL config");
+        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL config");
         pthread_mutex_unlock(&lock);
         return r;
     }
     if (c->numAttrs && !c->attrs) {
         pthread_mutex_lock(&lock);
-        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernelEx", "%u attributes, NULL list",
-                         c->numAttrs);
+        CUresult r = bad(CUDA_ERROR_INVALID_VALUE, fn, "%u attributes, NULL list", c->numAttrs);
         pthread_mutex_unlock(&lock);
         return r;
     }
-    for (unsigned i = 0; i < c->numAttrs; i++)
-        if (c->attrs[i].id != CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            return CUDA_ERROR_NOT_SUPPORTED; /* no other attribute is known here */
-    return f_cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
-                            c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra);
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        const CUlaunchAttribute *at = &c->attrs[i];
+        switch (at->id) {
+        case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: a->cooperative = at->value.cooperative != 0; break;
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+            a->has_cluster = 1;
+            a->cluster[0] = at->value.clusterDim.x;
+            a->cluster[1] = at->value.clusterDim.y;
+            a->cluster[2] = at->value.clusterDim.z;
+            break;
+        case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+            a->programmatic = at->value.programmatic_stream_serialization_allowed != 0;
+            break;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return CUDA_SUCCESS;
 }
 
-/* ---- stream capture, graphs, cluster occupancy: not modelled yet ---------------------------- */
-
-static CUresult not_modelled(const char *fn)
+static CUresult f_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                                   void **extra)
 {
-    (void)fn;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    launch_attrs a;
+    CUresult r = launch_attributes(c, &a, "cuLaunchKernelEx");
+    if (r != CUDA_SUCCESS)
+        return r;
+    const unsigned g[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
+    const unsigned b[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
+    return launch(f, g, b, c->sharedMemBytes, c->hStream, params, extra, &a, "cuLaunchKernelEx");
 }
+
+/* Clusters that can be resident at once. The model: clusters are placed inside GPCs (8 of
+ * 16 SMs here), each GPC holds (16 x the kernel's blocks per SM) / cluster size of them;
+ * 0 for a cluster larger than the kernel may launch (8, or 16 when non-portable sizes are
+ * allowed). The cluster comes from the configuration or the kernel's compiled one. */
 static CUresult f_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c)
 {
-    (void)n, (void)f, (void)c;
-    return not_modelled("cuOccupancyMaxActiveClusters");
+    static const char fn[] = "cuOccupancyMaxActiveClusters";
+    launch_attrs a;
+    CUresult r = launch_attributes(c, &a, fn);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&lock);
+    r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = func_ok(f, fn);
+    if (r == CUDA_SUCCESS && !n)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL out-pointer");
+    unsigned dims[3] = {0, 0, 0};
+    const fake_func *fu = (const fake_func *)(void *)f;
+    if (r == CUDA_SUCCESS)
+        r = launch_cluster(fu, &a, dims, fn);
+    if (r == CUDA_SUCCESS && !dims[0])
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn,
+                "kernel %s: no cluster dimension in the configuration, and none compiled in",
+                fu->name);
+    if (r == CUDA_SUCCESS) {
+        unsigned size = dims[0] * dims[1] * dims[2];
+        uint64_t threads = (uint64_t)c->blockDimX * c->blockDimY * c->blockDimZ;
+        int per_sm = threads > 1024 ? 0 : occupancy(fu, (int)threads, c->sharedMemBytes);
+        *n = size > cluster_limit(fu) ? 0 : GPC_COUNT * (SMS_PER_GPC * per_sm / (int)size);
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
 }
+
+/* ---- stream capture and graphs: capture.c ---------------------------------------------------- */
+
 static CUresult f_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
 {
-    (void)s, (void)mode;
-    return not_modelled("cuStreamBeginCapture");
+    return td_cuStreamBeginCapture(s, mode);
 }
-static CUresult f_cuStreamEndCapture(CUstream s, CUgraph *g)
-{
-    (void)s, (void)g;
-    return not_modelled("cuStreamEndCapture");
-}
+static CUresult f_cuStreamEndCapture(CUstream s, CUgraph *g) { return td_cuStreamEndCapture(s, g); }
 static CUresult f_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 {
-    (void)s;
-    if (st)
-        *st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CUDA_SUCCESS;
+    return td_cuStreamIsCapturing(s, st);
 }
 static CUresult f_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
 {
-    (void)s;
-    if (st)
-        *st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (id)
-        *id = 0;
-    return CUDA_SUCCESS;
+    return td_cuStreamGetCaptureInfo(s, st, id);
 }
 static CUresult f_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
 {
-    (void)g, (void)nodes, (void)n;
-    return not_modelled("cuGraphGetNodes");
+    return td_cuGraphGetNodes(g, nodes, n);
 }
-static CUresult f_cuGraphDestroy(CUgraph g)
-{
-    (void)g;
-    return not_modelled("cuGraphDestroy");
-}
+static CUresult f_cuGraphDestroy(CUgraph g) { return td_cuGraphDestroy(g); }
 static CUresult f_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long fl)
 {
-    (void)e, (void)g, (void)fl;
-    return not_modelled("cuGraphInstantiateWithFlags");
+    return td_cuGraphInstantiateWithFlags(e, g, fl);
 }
 static CUresult f_cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *i)
 {
-    (void)e, (void)g, (void)i;
-    return not_modelled("cuGraphExecUpdate");
+    return td_cuGraphExecUpdate(e, g, i);
 }
-static CUresult f_cuGraphLaunch(CUgraphExec e, CUstream s)
-{
-    (void)e, (void)s;
-    return not_modelled("cuGraphLaunch");
-}
-static CUresult f_cuGraphExecDestroy(CUgraphExec e)
-{
-    (void)e;
-    return not_modelled("cuGraphExecDestroy");
-}
+static CUresult f_cuGraphLaunch(CUgraphExec e, CUstream s) { return td_cuGraphLaunch(e, s); }
+static CUresult f_cuGraphExecDestroy(CUgraphExec e) { return td_cuGraphExecDestroy(e); }
 
 /* ---- cuGetProcAddress ---------------------------------------------------------------------- */
 
@@ -2121,6 +2451,9 @@ COUNTER(unsigned long long, safecuda_testdevice_device_used_bytes, device_used)
 COUNTER(unsigned long long, safecuda_testdevice_pool_cached_bytes, cached_total())
 COUNTER(long, safecuda_testdevice_reclaimed_allocations, reclaimed_allocations)
 COUNTER(long, safecuda_testdevice_refused_launches, refused_launches)
+COUNTER(long, safecuda_testdevice_live_graphs, td_live_graphs())
+COUNTER(long, safecuda_testdevice_live_graph_execs, td_live_graph_execs())
+COUNTER(long, safecuda_testdevice_active_captures, td_active_captures())
 
 /* The last misuse's description ("" if none). */
 EXPORT const char *safecuda_testdevice_last_misuse(void) { return last_misuse; }

@@ -30,6 +30,7 @@
     X(CUDA_ERROR_INVALID_SOURCE, 300, "device kernel source is invalid")                    \
     X(CUDA_ERROR_FILE_NOT_FOUND, 301, "file not found")                                     \
     X(CUDA_ERROR_INVALID_HANDLE, 400, "invalid resource handle")                            \
+    X(CUDA_ERROR_ILLEGAL_STATE, 401, "the operation cannot be performed in the present state") \
     X(CUDA_ERROR_NOT_FOUND, 500, "named symbol not found")                                  \
     X(CUDA_ERROR_NOT_READY, 600, "device not ready")                                        \
     X(CUDA_ERROR_ILLEGAL_ADDRESS, 700, "an illegal memory access was encountered")          \
@@ -68,6 +69,8 @@
     X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, 910,                                           \
       "the graph update was not performed because it included changes which violated "     \
       "constraints specific to instantiated graph update")                                  \
+    X(CUDA_ERROR_INVALID_CLUSTER_SIZE, 912,                                                \
+      "a kernel launch error has occurred due to cluster misconfiguration")                \
     X(CUDA_ERROR_UNKNOWN, 999, "unknown error")
 
 #endif

@@ -29,6 +29,10 @@ static struct fake_api {
     unsigned long long (*device_used_bytes)(void);
     unsigned long long (*pool_cached_bytes)(void);
     long (*reclaimed_allocations)(void);
+    long (*live_graphs)(void);
+    long (*live_graph_execs)(void);
+    long (*active_captures)(void);
+    long (*refused_launches)(void);
     const char *(*last_misuse)(void);
     void (*set_reclaim_on_release)(int on);
 } fake;
@@ -36,6 +40,7 @@ static struct fake_api {
 /* The objects the fake holds: what a leak check compares. */
 typedef struct fake_counts {
     long device, host, streams, events, modules, pools, refcount;
+    long graphs, graph_execs, captures; /* captures: begun, not ended */
 } fake_counts;
 
 static inline void *fake_sym_(void *h, const char *name)
@@ -79,6 +84,10 @@ static inline void fake_attach(void)
     FAKE_SYM(device_used_bytes, "safecuda_testdevice_device_used_bytes");
     FAKE_SYM(pool_cached_bytes, "safecuda_testdevice_pool_cached_bytes");
     FAKE_SYM(reclaimed_allocations, "safecuda_testdevice_reclaimed_allocations");
+    FAKE_SYM(live_graphs, "safecuda_testdevice_live_graphs");
+    FAKE_SYM(live_graph_execs, "safecuda_testdevice_live_graph_execs");
+    FAKE_SYM(active_captures, "safecuda_testdevice_active_captures");
+    FAKE_SYM(refused_launches, "safecuda_testdevice_refused_launches");
     FAKE_SYM(last_misuse, "safecuda_testdevice_last_misuse");
     FAKE_SYM(set_reclaim_on_release, "safecuda_testdevice_set_reclaim_on_release");
 #undef FAKE_SYM
@@ -90,7 +99,8 @@ static inline fake_counts fake_counts_now(void)
     fake_counts c = {fake.live_device_allocations(), fake.live_host_allocations(),
                      fake.live_streams(),            fake.live_events(),
                      fake.live_modules(),            fake.live_pools(),
-                     fake.primary_refcount()};
+                     fake.primary_refcount(),        fake.live_graphs(),
+                     fake.live_graph_execs(),        fake.active_captures()};
     return c;
 }
 
@@ -109,7 +119,7 @@ static inline int fake_counts_diff(fake_counts want, fake_counts got, char *buf,
                                     len ? ", " : "", #f, got.f, want.f);                    \
     }
     FAKE_CMP(device) FAKE_CMP(host) FAKE_CMP(streams) FAKE_CMP(events) FAKE_CMP(modules)
-    FAKE_CMP(pools) FAKE_CMP(refcount)
+    FAKE_CMP(pools) FAKE_CMP(refcount) FAKE_CMP(graphs) FAKE_CMP(graph_execs) FAKE_CMP(captures)
 #undef FAKE_CMP
     return n;
 }

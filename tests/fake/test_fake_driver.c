@@ -57,7 +57,10 @@ int main(void)
     sym(h, "cuGetErrorString");
     const char *counters[] = {"safecuda_testdevice_live_device_allocations",
                               "safecuda_testdevice_live_host_allocations", "safecuda_testdevice_live_streams",
-                              "safecuda_testdevice_live_events", "safecuda_testdevice_live_modules"};
+                              "safecuda_testdevice_live_events", "safecuda_testdevice_live_modules",
+                              "safecuda_testdevice_live_graphs",
+                              "safecuda_testdevice_live_graph_execs",
+                              "safecuda_testdevice_active_captures"};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         sym(h, counters[i]);
     long (*live_device)(void) = NULL;

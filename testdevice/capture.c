@@ -1,0 +1,1068 @@
+/* The test device's stream capture and graphs (the model is described in testdevice.c's
+ * header comment): capture sequences with their member streams and dependency sets, the
+ * graphs they produce, executable graphs, their replay on the synchronous streams, and
+ * their update. One mutex (testdevice.c's) guards all of it; host functions run outside. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testdevice_internal.h"
+
+/* ---- node index sets --------------------------------------------------------------------- */
+
+static int idx_add(idx_set *s, size_t v)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->items[i] == v)
+            return 1;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 4;
+        size_t *grown = realloc(s->items, cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        s->items = grown;
+        s->cap = cap;
+    }
+    s->items[s->n++] = v;
+    return 1;
+}
+
+static int idx_union(idx_set *into, const idx_set *from)
+{
+    for (size_t i = 0; i < from->n; i++)
+        if (!idx_add(into, from->items[i]))
+            return 0;
+    return 1;
+}
+
+static int idx_copy(idx_set *into, const idx_set *from)
+{
+    into->n = 0;
+    return idx_union(into, from);
+}
+
+static void idx_free(idx_set *s)
+{
+    free(s->items);
+    s->items = NULL;
+    s->n = s->cap = 0;
+}
+
+/* ---- graphs: node lists ------------------------------------------------------------------ */
+
+enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_HOST, NODE_EVENT_WAIT };
+static const char *const node_names[] = {"?", "kernel", "memcpy", "memset", "host function",
+                                         "event wait"};
+
+typedef struct fake_node {
+    int kind;
+    size_t *deps; /* indices of earlier nodes: the list is in a topological order */
+    size_t n_deps;
+    const void *stream; /* the stream it was captured on (for messages only) */
+    union {
+        struct {
+            int dir;
+            uintptr_t dst, src;
+            size_t bytes;
+        } copy;
+        struct {
+            uintptr_t dst;
+            size_t pitch, esize, width, height, span;
+            uint32_t value;
+        } memset;
+        struct {
+            const fake_func *func; /* compared by address and serial, never read if unloaded */
+            uint64_t serial;
+            unsigned grid[3], block[3], shared;
+            unsigned char *params; /* the parameters' bytes, laid out as the PTX declares */
+            size_t params_size;
+            launch_attrs attrs;
+        } kernel;
+        struct {
+            CUhostFn fn;
+            void *user;
+        } host;
+        struct {
+            const fake_event *event;
+            uint64_t serial;
+        } wait;
+    } u;
+} fake_node;
+
+typedef struct node_list {
+    fake_node **items;
+    size_t n, cap;
+} node_list;
+
+static void node_free(fake_node *n)
+{
+    if (!n)
+        return;
+    free(n->deps);
+    if (n->kind == NODE_KERNEL)
+        free(n->u.kernel.params);
+    free(n);
+}
+
+static fake_node *node_clone(const fake_node *n)
+{
+    fake_node *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *n;
+    c->deps = NULL;
+    if (n->kind == NODE_KERNEL)
+        c->u.kernel.params = NULL;
+    if (n->n_deps) {
+        c->deps = malloc(n->n_deps * sizeof *c->deps);
+        if (!c->deps) {
+            node_free(c);
+            return NULL;
+        }
+        memcpy(c->deps, n->deps, n->n_deps * sizeof *c->deps);
+    }
+    if (n->kind == NODE_KERNEL) {
+        c->u.kernel.params = malloc(n->u.kernel.params_size ? n->u.kernel.params_size : 1);
+        if (!c->u.kernel.params) {
+            node_free(c);
+            return NULL;
+        }
+        memcpy(c->u.kernel.params, n->u.kernel.params, n->u.kernel.params_size);
+    }
+    return c;
+}
+
+static void list_free(node_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        node_free(l->items[i]);
+    free(l->items);
+    l->items = NULL;
+    l->n = l->cap = 0;
+}
+
+static int list_push(node_list *l, fake_node *n)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        fake_node **grown = realloc(l->items, cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = n;
+    return 1;
+}
+
+static int list_clone(node_list *into, const node_list *from)
+{
+    memset(into, 0, sizeof *into);
+    for (size_t i = 0; i < from->n; i++) {
+        fake_node *c = node_clone(from->items[i]);
+        if (!c || !list_push(into, c)) {
+            node_free(c);
+            list_free(into);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+typedef struct fake_graph {
+    int magic;
+    node_list nodes;
+} fake_graph;
+#define GRAPH_MAGIC 0x6a4f
+
+typedef struct fake_exec {
+    int magic;
+    node_list nodes;
+} fake_exec;
+#define EXEC_MAGIC 0xe8ec
+
+static void graph_free(fake_graph *g)
+{
+    if (g) {
+        list_free(&g->nodes);
+        free(g);
+    }
+}
+
+static void exec_free(fake_exec *e)
+{
+    list_free(&e->nodes);
+    free(e);
+}
+
+/* ---- captures ---------------------------------------------------------------------------- */
+
+typedef struct fake_capture {
+    uint64_t id; /* unique over the process, as cuStreamGetCaptureInfo reports it */
+    CUstreamCaptureMode mode;
+    fake_stream *origin;
+    pthread_t thread; /* the thread that began it */
+    int invalidated;
+    char why[160]; /* what invalidated it */
+    fake_graph *graph;
+    ptr_set members; /* its streams, the origin included */
+} fake_capture;
+
+static ptr_set captures, graphs, execs; /* captures not ended yet (active or invalidated) */
+static uint64_t capture_seq;
+
+static const char *mode_name(CUstreamCaptureMode m)
+{
+    static const char *const names[] = {"GLOBAL", "THREAD_LOCAL", "RELAXED"};
+    return (unsigned)m <= 2 ? names[m] : "?";
+}
+
+/* "capture 3 (GLOBAL mode, begun on stream 0x... by this thread)" */
+static const char *describe(const fake_capture *c, char *buf, size_t size)
+{
+    snprintf(buf, size, "capture %llu (%s mode, begun on stream %p by %s thread)",
+             (unsigned long long)c->id, mode_name(c->mode), (const void *)c->origin,
+             pthread_equal(c->thread, pthread_self()) ? "this" : "another");
+    return buf;
+}
+
+static void invalidate(fake_capture *c, const char *why)
+{
+    if (c->invalidated)
+        return;
+    c->invalidated = 1;
+    snprintf(c->why, sizeof c->why, "%s", why);
+}
+
+void td_capture_failed(fake_capture *c, const char *fn)
+{
+    char why[96];
+    snprintf(why, sizeof why, "%s failed on one of its streams", fn);
+    invalidate(c, why);
+}
+
+static fake_capture *find_capture(uint64_t id)
+{
+    for (size_t i = 0; i < captures.n; i++)
+        if (((fake_capture *)captures.items[i])->id == id)
+            return captures.items[i];
+    return NULL;
+}
+
+static int has_blocking_member(const fake_capture *c)
+{
+    for (size_t i = 0; i < c->members.n; i++)
+        if (!(((const fake_stream *)c->members.items[i])->flags & CU_STREAM_NON_BLOCKING))
+            return 1;
+    return 0;
+}
+
+static int is_legacy(CUstream s) { return (uintptr_t)s <= 1; } /* NULL or CU_STREAM_LEGACY */
+
+/* The legacy stream while a blocking stream captures: an implicit dependency on the capture. */
+static fake_capture *implicit_conflict(void)
+{
+    for (size_t i = 0; i < captures.n; i++) {
+        fake_capture *c = captures.items[i];
+        if (!c->invalidated && has_blocking_member(c))
+            return c;
+    }
+    return NULL;
+}
+
+CUresult td_capture_of(CUstream s, const char *fn, fake_capture **cap)
+{
+    *cap = NULL;
+    if (is_legacy(s)) {
+        fake_capture *hit = implicit_conflict();
+        if (!hit)
+            return CUDA_SUCCESS;
+        char d[160];
+        describe(hit, d, sizeof d);
+        for (size_t i = 0; i < captures.n; i++) {
+            fake_capture *c = captures.items[i];
+            if (!c->invalidated && has_blocking_member(c))
+                invalidate(c, "the legacy stream was used while a blocking stream captured");
+        }
+        return bad(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, fn,
+                   "the legacy stream was used while %s has a blocking stream (one created "
+                   "without CU_STREAM_NON_BLOCKING): an implicit dependency on the capture, "
+                   "which is invalidated",
+                   d);
+    }
+    if ((uintptr_t)s == 2) /* CU_STREAM_PER_THREAD: never captures here */
+        return CUDA_SUCCESS;
+    fake_stream *st = (fake_stream *)(void *)s;
+    if (!st->capture)
+        return CUDA_SUCCESS;
+    if (st->capture->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; /* the invalidation was counted */
+    *cap = st->capture;
+    return CUDA_SUCCESS;
+}
+
+/* Whether an active capture forbids a potentially unsafe call of this thread. */
+static int forbids(const fake_capture *c, int any_capture)
+{
+    if (c->invalidated)
+        return 0;
+    if (any_capture || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        return 1;
+    return c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+           pthread_equal(c->thread, pthread_self());
+}
+
+CUresult td_capture_unsafe(const char *fn, int any_capture)
+{
+    fake_capture *hit = NULL;
+    size_t n_hit = 0;
+    for (size_t i = 0; i < captures.n; i++)
+        if (forbids(captures.items[i], any_capture) && n_hit++ == 0)
+            hit = captures.items[i];
+    if (!hit)
+        return CUDA_SUCCESS;
+    char d[160], why[96];
+    describe(hit, d, sizeof d);
+    snprintf(why, sizeof why, "%s was called during the capture", fn);
+    for (size_t i = 0; i < captures.n; i++)
+        if (forbids(captures.items[i], any_capture))
+            invalidate(captures.items[i], why);
+    return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+               "not permitted while %s%s is active: CUDA refuses the call and invalidates the "
+               "capture",
+               d, n_hit > 1 ? " (and other captures)" : "");
+}
+
+/* Append node n to c's graph on stream s: it depends on what s depends on, and s then
+ * depends on it alone. Frees n on failure. */
+static CUresult add_node(fake_capture *c, CUstream s, fake_node *n)
+{
+    fake_stream *st = (fake_stream *)(void *)s;
+    n->stream = st;
+    n->n_deps = st->deps.n;
+    if (n->n_deps) {
+        n->deps = malloc(n->n_deps * sizeof *n->deps);
+        if (!n->deps) {
+            node_free(n);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(n->deps, st->deps.items, n->n_deps * sizeof *n->deps);
+    }
+    if (!list_push(&c->graph->nodes, n)) {
+        node_free(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    st->deps.n = 0;
+    if (!idx_add(&st->deps, c->graph->nodes.n - 1))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+static fake_node *new_node(int kind)
+{
+    fake_node *n = calloc(1, sizeof *n);
+    if (n)
+        n->kind = kind;
+    return n;
+}
+
+CUresult td_capture_copy(fake_capture *c, CUstream s, int dir, uintptr_t dst, uintptr_t src,
+                         size_t n, const char *fn)
+{
+    if (n == 0)
+        return CUDA_SUCCESS; /* nothing to record */
+    if (dir != COPY_DTOD) {
+        uintptr_t h = dir == COPY_HTOD ? src : dst;
+        fake_alloc *a = find_alloc(h);
+        if (!a || !a->is_host) {
+            char d[160];
+            describe(c, d, sizeof d);
+            invalidate(c, "a copy of pageable host memory was captured");
+            return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+                       "a copy %s pageable host memory %p on a stream of %s: only pinned memory "
+                       "(cuMemHostAlloc) can be captured; the capture is invalidated",
+                       dir == COPY_HTOD ? "from" : "to", (void *)h, d);
+        }
+    }
+    fake_node *node = new_node(NODE_MEMCPY);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->u.copy.dir = dir;
+    node->u.copy.dst = dst;
+    node->u.copy.src = src;
+    node->u.copy.bytes = n;
+    return add_node(c, s, node);
+}
+
+CUresult td_capture_memset(fake_capture *c, CUstream s, uintptr_t d, size_t pitch, uint32_t v,
+                           size_t esize, size_t w, size_t h, const char *fn)
+{
+    (void)fn;
+    if (w == 0 || h == 0)
+        return CUDA_SUCCESS;
+    fake_node *node = new_node(NODE_MEMSET);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->u.memset.dst = d;
+    node->u.memset.pitch = pitch;
+    node->u.memset.value = v;
+    node->u.memset.esize = esize;
+    node->u.memset.width = w;
+    node->u.memset.height = h;
+    node->u.memset.span = (h - 1) * pitch + w * esize; /* checked by the caller */
+    return add_node(c, s, node);
+}
+
+CUresult td_capture_kernel(fake_capture *c, CUstream s, const fake_func *f,
+                           const unsigned grid[3], const unsigned block[3], unsigned shared,
+                           void **params, const launch_attrs *a, const char *fn)
+{
+    (void)fn;
+    fake_node *node = new_node(NODE_KERNEL);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t size = 0;
+    for (int i = 0; i < f->n_params; i++)
+        if (f->offset[i] + f->size[i] > size)
+            size = f->offset[i] + f->size[i];
+    node->u.kernel.params = calloc(1, size ? size : 1);
+    if (!node->u.kernel.params) {
+        node_free(node);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < f->n_params; i++) /* copied now: the caller may reuse its values */
+        memcpy(node->u.kernel.params + f->offset[i], params[i], f->size[i]);
+    node->u.kernel.params_size = size;
+    node->u.kernel.func = f;
+    node->u.kernel.serial = f->serial;
+    memcpy(node->u.kernel.grid, grid, sizeof node->u.kernel.grid);
+    memcpy(node->u.kernel.block, block, sizeof node->u.kernel.block);
+    node->u.kernel.shared = shared;
+    node->u.kernel.attrs = *a;
+    return add_node(c, s, node);
+}
+
+CUresult td_capture_host(fake_capture *c, CUstream s, CUhostFn host, void *user, const char *fn)
+{
+    (void)fn;
+    fake_node *node = new_node(NODE_HOST);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->u.host.fn = host;
+    node->u.host.user = user;
+    return add_node(c, s, node);
+}
+
+/* ---- events in captures ------------------------------------------------------------------ */
+
+CUresult td_event_record(fake_event *e, fake_capture *c, CUstream s)
+{
+    if (!c) {
+        e->captured = 0;
+        e->capture_id = 0;
+        idx_free(&e->deps);
+        e->recorded = 1;
+        return CUDA_SUCCESS;
+    }
+    /* No node: the event stands for the stream's position in the capture. */
+    e->captured = 1;
+    e->capture_id = c->id;
+    if (!idx_copy(&e->deps, &((fake_stream *)(void *)s)->deps))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+CUresult td_event_check(fake_event *e, const char *fn)
+{
+    if (!e->captured)
+        return CUDA_SUCCESS;
+    fake_capture *c = find_capture(e->capture_id);
+    if (c)
+        invalidate(c, "a captured event was synchronized or queried");
+    return bad(CUDA_ERROR_CAPTURED_EVENT, fn,
+               "event %p was last recorded in capture %llu (%s): it stands for work in a graph, "
+               "not on a stream; record it again outside a capture",
+               (void *)e, (unsigned long long)e->capture_id,
+               c ? (c->invalidated ? "invalidated now" : "active") : "ended");
+}
+
+CUresult td_stream_wait(CUstream s, fake_event *e, unsigned flags, const char *fn)
+{
+    fake_capture *cap = NULL;
+    CUresult r = td_capture_of(s, fn, &cap);
+    if (r != CUDA_SUCCESS)
+        return r;
+    char d[160];
+    if (flags & 1) { /* CU_EVENT_WAIT_EXTERNAL: an event wait node, in a capture only */
+        if (!cap)
+            return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                       "CU_EVENT_WAIT_EXTERNAL on stream %p, which is not capturing", (void *)s);
+        fake_node *node = new_node(NODE_EVENT_WAIT);
+        if (!node)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        node->u.wait.event = e;
+        node->u.wait.serial = e->serial;
+        r = add_node(cap, s, node);
+        if (r != CUDA_SUCCESS)
+            td_capture_failed(cap, fn);
+        return r;
+    }
+    if (!e->captured) {
+        if (!cap || !e->recorded)
+            return CUDA_SUCCESS; /* synchronous streams; a never-recorded event is no work */
+        invalidate(cap, "a capturing stream waited on an event recorded outside the capture");
+        return bad(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, fn,
+                   "stream %p of %s waits on event %p, recorded outside any capture (only "
+                   "CU_EVENT_WAIT_EXTERNAL may cross the capture's boundary); the capture is "
+                   "invalidated",
+                   (void *)s, describe(cap, d, sizeof d), (void *)e);
+    }
+    fake_capture *src = find_capture(e->capture_id);
+    if (!src) {
+        if (cap) {
+            invalidate(cap, "a capturing stream waited on an event of an ended capture");
+            return bad(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, fn,
+                       "stream %p of %s waits on event %p, last recorded in capture %llu, which "
+                       "has ended; the capture is invalidated",
+                       (void *)s, describe(cap, d, sizeof d), (void *)e,
+                       (unsigned long long)e->capture_id);
+        }
+        return bad(CUDA_ERROR_CAPTURED_EVENT, fn,
+                   "stream %p waits on event %p, last recorded in capture %llu, which has ended: "
+                   "the event stands for work in a graph; record it again outside a capture",
+                   (void *)s, (void *)e, (unsigned long long)e->capture_id);
+    }
+    if (src == cap) /* a join inside the capture */
+        return idx_union(&((fake_stream *)(void *)s)->deps, &e->deps) ? CUDA_SUCCESS
+                                                                       : CUDA_ERROR_OUT_OF_MEMORY;
+    if (cap) {
+        char d2[160];
+        describe(cap, d, sizeof d);
+        describe(src, d2, sizeof d2);
+        invalidate(cap, "a wait would merge it with another capture");
+        invalidate(src, "a wait would merge it with another capture");
+        return bad(CUDA_ERROR_STREAM_CAPTURE_MERGE, fn,
+                   "stream %p of %s waits on event %p of %s: that would merge two captures; "
+                   "both are invalidated",
+                   (void *)s, d, (void *)e, d2);
+    }
+    if (src->invalidated)
+        return CUDA_ERROR_INVALID_VALUE; /* as CUDA; the invalidation was counted */
+    if ((uintptr_t)s <= 2) {
+        invalidate(src, "the legacy or per-thread stream waited on one of its events");
+        return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+                   "the %s stream waits on event %p of %s: the legacy stream can't join a "
+                   "capture (and the per-thread stream's capture is not modelled); the capture "
+                   "is invalidated",
+                   (uintptr_t)s == 2 ? "per-thread" : "legacy", (void *)e,
+                   describe(src, d, sizeof d));
+    }
+    /* A fork: s joins the capture, depending on what the event stands for. */
+    fake_stream *st = (fake_stream *)(void *)s;
+    if (!set_add(&src->members, st) || !idx_copy(&st->deps, &e->deps)) {
+        set_remove(&src->members, st);
+        idx_free(&st->deps);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    st->capture = src;
+    return CUDA_SUCCESS;
+}
+
+CUresult td_stream_destroy_check(fake_stream *s, const char *fn)
+{
+    fake_capture *c = s->capture;
+    if (!c)
+        return CUDA_SUCCESS;
+    char d[160];
+    describe(c, d, sizeof d);
+    invalidate(c, "one of its streams was destroyed");
+    return bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+               "stream %p belongs to %s: end the capture first (the stream stays alive; the "
+               "capture is invalidated)",
+               (void *)s, d);
+}
+
+void td_stream_forget(fake_stream *s) { idx_free(&s->deps); }
+void td_event_forget(fake_event *e) { idx_free(&e->deps); }
+long td_live_graphs(void) { return (long)graphs.n; }
+long td_live_graph_execs(void) { return (long)execs.n; }
+long td_active_captures(void) { return (long)captures.n; }
+
+/* ---- begin and end ----------------------------------------------------------------------- */
+
+CUresult td_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
+{
+    static const char fn[] = "cuStreamBeginCapture";
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    fake_stream *st = (uintptr_t)s > 2 ? (fake_stream *)(void *)s : NULL;
+    char d[160];
+    if (r != CUDA_SUCCESS) {
+    } else if (is_legacy(s)) {
+        r = bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn, "the legacy stream can't be captured");
+    } else if (!st) {
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn,
+                "capturing CU_STREAM_PER_THREAD is not modelled by the test device");
+    } else if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "unknown capture mode %d", (int)mode);
+    } else if (st->capture) {
+        r = bad(CUDA_ERROR_ILLEGAL_STATE, fn, "stream %p is already capturing: it belongs to %s%s",
+                (void *)s, describe(st->capture, d, sizeof d),
+                st->capture->invalidated ? ", invalidated (end it first)" : "");
+    } else {
+        fake_capture *c = calloc(1, sizeof *c);
+        fake_graph *g = calloc(1, sizeof *g);
+        if (!c || !g || !set_add(&captures, c)) {
+            free(c);
+            free(g);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (!set_add(&c->members, st)) {
+            set_remove(&captures, c);
+            free(c);
+            free(g);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            g->magic = GRAPH_MAGIC;
+            c->graph = g;
+            c->id = ++capture_seq;
+            c->mode = mode;
+            c->origin = st;
+            c->thread = pthread_self();
+            st->capture = c;
+            st->deps.n = 0;
+        }
+    }
+    td_unlock();
+    return r;
+}
+
+/* The capture ends: its streams are no longer capturing; its graph (if not handed out) is
+ * freed. Events recorded in it stay "captured" (in a capture that has ended). */
+static void end_capture(fake_capture *c)
+{
+    for (size_t i = 0; i < c->members.n; i++) {
+        fake_stream *st = c->members.items[i];
+        st->capture = NULL;
+        idx_free(&st->deps);
+    }
+    free(c->members.items);
+    set_remove(&captures, c);
+    graph_free(c->graph);
+    free(c);
+}
+
+/* The first node that the origin stream's dependencies do not reach (n if none): work on a
+ * forked stream that was never joined back. */
+static size_t unjoined_node(const fake_capture *c)
+{
+    const node_list *l = &c->graph->nodes;
+    if (l->n == 0)
+        return 0;
+    unsigned char *reached = calloc(l->n, 1);
+    if (!reached)
+        return l->n; /* out of memory: no verdict */
+    for (size_t i = 0; i < c->origin->deps.n; i++)
+        reached[c->origin->deps.items[i]] = 1;
+    for (size_t i = l->n; i-- > 0;) /* dependencies always point backwards */
+        if (reached[i])
+            for (size_t k = 0; k < l->items[i]->n_deps; k++)
+                reached[l->items[i]->deps[k]] = 1;
+    size_t first = l->n;
+    for (size_t i = 0; i < l->n && first == l->n; i++)
+        if (!reached[i])
+            first = i;
+    free(reached);
+    return first;
+}
+
+CUresult td_cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    static const char fn[] = "cuStreamEndCapture";
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS && !g)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL graph out-pointer");
+    fake_stream *st = (uintptr_t)s > 2 ? (fake_stream *)(void *)s : NULL;
+    fake_capture *c = st ? st->capture : NULL;
+    char d[160];
+    if (r != CUDA_SUCCESS) {
+    } else if (!c) {
+        r = bad(CUDA_ERROR_ILLEGAL_STATE, fn, "stream %p is not capturing", (void *)s);
+    } else if (c->origin != st) {
+        describe(c, d, sizeof d);
+        invalidate(c, "cuStreamEndCapture was called on a stream that joined it");
+        r = bad(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, fn,
+                "stream %p joined %s but did not begin it: the capture ends on its origin "
+                "stream; it is invalidated",
+                (void *)s, d);
+    } else if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+               !pthread_equal(c->thread, pthread_self())) {
+        describe(c, d, sizeof d);
+        invalidate(c, "cuStreamEndCapture was called from another thread");
+        r = bad(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, fn,
+                "%s must be ended by the thread that began it; it is invalidated", d);
+    } else {
+        *g = NULL;
+        size_t loose = c->invalidated ? 0 : unjoined_node(c);
+        if (c->invalidated) {
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; /* counted when it was invalidated */
+        } else if (loose < c->graph->nodes.n) {
+            const fake_node *n = c->graph->nodes.items[loose];
+            r = bad(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, fn,
+                    "%s: node %zu (%s, captured on stream %p) was never joined back into the "
+                    "origin stream (make the origin wait on an event recorded after it)",
+                    describe(c, d, sizeof d), loose, node_names[n->kind], n->stream);
+        } else if (!set_add(&graphs, c->graph)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *g = (CUgraph)(void *)c->graph;
+            c->graph = NULL;
+        }
+        end_capture(c);
+    }
+    td_unlock();
+    return r;
+}
+
+static CUresult capture_status(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id,
+                               const char *fn)
+{
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS && !status)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL status");
+    if (r == CUDA_SUCCESS && is_legacy(s) && implicit_conflict()) {
+        char d[160];
+        r = bad(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, fn,
+                "the legacy stream was queried while %s has a blocking stream (the capture is "
+                "not invalidated)",
+                describe(implicit_conflict(), d, sizeof d));
+    }
+    if (r == CUDA_SUCCESS) {
+        const fake_capture *c = (uintptr_t)s > 2 ? ((fake_stream *)(void *)s)->capture : NULL;
+        *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                     : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                      : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        if (id)
+            *id = c ? c->id : 0;
+    }
+    td_unlock();
+    return r;
+}
+
+CUresult td_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+    return capture_status(s, status, NULL, "cuStreamIsCapturing");
+}
+
+CUresult td_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id)
+{
+    return capture_status(s, status, id, "cuStreamGetCaptureInfo");
+}
+
+/* ---- graphs and executable graphs -------------------------------------------------------- */
+
+static CUresult graph_ok(CUgraph g, const char *fn)
+{
+    if (!set_has(&graphs, g))
+        return bad(CUDA_ERROR_INVALID_VALUE, fn, "unknown or destroyed graph %p", (void *)g);
+    return CUDA_SUCCESS;
+}
+
+static CUresult exec_ok(CUgraphExec e, const char *fn)
+{
+    if (!set_has(&execs, e))
+        return bad(CUDA_ERROR_INVALID_VALUE, fn, "unknown or destroyed executable graph %p",
+                   (void *)e);
+    return CUDA_SUCCESS;
+}
+
+CUresult td_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
+{
+    static const char fn[] = "cuGraphGetNodes";
+    td_lock();
+    CUresult r = need_init(fn);
+    if (r == CUDA_SUCCESS)
+        r = graph_ok(g, fn);
+    if (r == CUDA_SUCCESS && !n)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL count");
+    if (r == CUDA_SUCCESS) {
+        const node_list *l = &((fake_graph *)(void *)g)->nodes;
+        if (!nodes) {
+            *n = l->n;
+        } else {
+            for (size_t i = 0; i < *n; i++)
+                nodes[i] = i < l->n ? (CUgraphNode)(void *)l->items[i] : NULL;
+            if (*n > l->n)
+                *n = l->n;
+        }
+    }
+    td_unlock();
+    return r;
+}
+
+CUresult td_cuGraphDestroy(CUgraph g)
+{
+    td_lock();
+    CUresult r = need_init("cuGraphDestroy");
+    if (r == CUDA_SUCCESS)
+        r = graph_ok(g, "cuGraphDestroy");
+    if (r == CUDA_SUCCESS) {
+        set_remove(&graphs, g);
+        graph_free((fake_graph *)(void *)g);
+    }
+    td_unlock();
+    return r;
+}
+
+CUresult td_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    static const char fn[] = "cuGraphInstantiateWithFlags";
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS && !e)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL out-pointer");
+    if (r == CUDA_SUCCESS)
+        r = graph_ok(g, fn);
+    /* AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4, USE_NODE_PRIORITY 8 */
+    if (r == CUDA_SUCCESS && (flags & ~0xfull))
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "unknown flags 0x%llx", flags);
+    if (r == CUDA_SUCCESS) {
+        fake_exec *x = calloc(1, sizeof *x);
+        if (!x || !list_clone(&x->nodes, &((fake_graph *)(void *)g)->nodes)) {
+            free(x);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (!set_add(&execs, x)) {
+            exec_free(x);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            x->magic = EXEC_MAGIC;
+            *e = (CUgraphExec)(void *)x;
+        }
+    }
+    td_unlock();
+    return r;
+}
+
+CUresult td_cuGraphExecDestroy(CUgraphExec e)
+{
+    td_lock();
+    CUresult r = need_init("cuGraphExecDestroy");
+    if (r == CUDA_SUCCESS)
+        r = exec_ok(e, "cuGraphExecDestroy");
+    if (r == CUDA_SUCCESS) {
+        set_remove(&execs, e);
+        exec_free((fake_exec *)(void *)e); /* a launch in progress works on its own copy */
+    }
+    td_unlock();
+    return r;
+}
+
+static int same_deps(const fake_node *a, const fake_node *b)
+{
+    if (a->n_deps != b->n_deps)
+        return 0;
+    for (size_t i = 0; i < a->n_deps; i++) {
+        size_t k = 0;
+        while (k < b->n_deps && b->deps[k] != a->deps[i])
+            k++;
+        if (k == b->n_deps)
+            return 0;
+    }
+    return 1;
+}
+
+/* Why node b (of the new graph) can't replace node a (of the executable graph), or
+ * CU_GRAPH_EXEC_UPDATE_SUCCESS. What CUDA 12 allows: a kernel node's function, grid and
+ * parameters may change (same context), not whether it is cooperative; a copy's addresses
+ * and size, not its direction (memory types); a 1D memset's address, value and size, a 2D
+ * memset's address and value only; host functions and waited events. */
+static CUgraphExecUpdateResult update_verdict(const fake_node *a, const fake_node *b)
+{
+    if (a->kind != b->kind)
+        return CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+    switch (a->kind) {
+    case NODE_KERNEL:
+        if (a->u.kernel.attrs.cooperative != b->u.kernel.attrs.cooperative)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED;
+        break;
+    case NODE_MEMCPY:
+        if (a->u.copy.dir != b->u.copy.dir)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED;
+        break;
+    case NODE_MEMSET:
+        if (a->u.memset.esize != b->u.memset.esize)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED;
+        if ((a->u.memset.height > 1 || b->u.memset.height > 1) &&
+            (a->u.memset.width != b->u.memset.width ||
+             a->u.memset.height != b->u.memset.height || a->u.memset.pitch != b->u.memset.pitch))
+            return CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED;
+        break;
+    default: break;
+    }
+    return CU_GRAPH_EXEC_UPDATE_SUCCESS;
+}
+
+CUresult td_cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info)
+{
+    static const char fn[] = "cuGraphExecUpdate";
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS && !info)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL result info");
+    if (r == CUDA_SUCCESS) {
+        info->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+        info->errorNode = info->errorFromNode = NULL;
+        r = exec_ok(e, fn);
+    }
+    if (r == CUDA_SUCCESS)
+        r = graph_ok(g, fn);
+    if (r == CUDA_SUCCESS) {
+        node_list *old = &((fake_exec *)(void *)e)->nodes;
+        const node_list *now = &((fake_graph *)(void *)g)->nodes;
+        CUgraphExecUpdateResult verdict = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        const fake_node *where = NULL;
+        if (old->n != now->n)
+            verdict = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED; /* errorNode stays NULL */
+        for (size_t i = 0; verdict == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < now->n; i++)
+            if (!same_deps(old->items[i], now->items[i])) {
+                verdict = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+                where = now->items[i];
+            }
+        for (size_t i = 0; verdict == CU_GRAPH_EXEC_UPDATE_SUCCESS && i < now->n; i++) {
+            verdict = update_verdict(old->items[i], now->items[i]);
+            if (verdict != CU_GRAPH_EXEC_UPDATE_SUCCESS)
+                where = now->items[i];
+        }
+        node_list fresh;
+        if (verdict == CU_GRAPH_EXEC_UPDATE_SUCCESS && !list_clone(&fresh, now)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (verdict == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+            list_free(old); /* the whole list: same topology, new parameters */
+            *old = fresh;
+            info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        } else {
+            info->result = verdict;
+            info->errorNode = (CUgraphNode)(void *)where;
+            r = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE; /* not misuse: callers may try */
+        }
+    }
+    td_unlock();
+    return r;
+}
+
+/* ---- replay ------------------------------------------------------------------------------ */
+
+/* Node i can run now (lock held): its memory is still in live allocations, its function
+ * still loaded, its event still alive. Anything else is misuse: safecuda's replay checks
+ * must keep a graph's resources alive (on a GPU it would be an illegal address, sticky). */
+static CUresult node_check(const fake_node *n, size_t i, const char *fn)
+{
+    char what[64];
+    switch (n->kind) {
+    case NODE_MEMCPY: {
+        const int dir = n->u.copy.dir;
+        const size_t bytes = n->u.copy.bytes;
+        CUresult r = CUDA_SUCCESS;
+        snprintf(what, sizeof what, "node %zu (memcpy): its source", i);
+        if (dir != COPY_HTOD)
+            r = device_range(n->u.copy.src, bytes, fn, what);
+        snprintf(what, sizeof what, "node %zu (memcpy): its destination", i);
+        if (r == CUDA_SUCCESS && dir != COPY_DTOH)
+            r = device_range(n->u.copy.dst, bytes, fn, what);
+        if (r == CUDA_SUCCESS && dir != COPY_DTOD) {
+            uintptr_t h = dir == COPY_HTOD ? n->u.copy.src : n->u.copy.dst;
+            fake_alloc *a = find_alloc(h);
+            if (!a || !a->is_host || bytes > a->size - (h - a->base))
+                r = bad(CUDA_ERROR_INVALID_VALUE, fn,
+                        "node %zu (memcpy): host range [%p, +%zu) is no longer inside a live "
+                        "pinned allocation (freed since the capture)",
+                        i, (void *)h, bytes);
+        }
+        return r;
+    }
+    case NODE_MEMSET:
+        snprintf(what, sizeof what, "node %zu (memset): its destination", i);
+        return device_range(n->u.memset.dst, n->u.memset.span, fn, what);
+    case NODE_KERNEL:
+        if (!set_has(&funcs, n->u.kernel.func) || n->u.kernel.func->serial != n->u.kernel.serial)
+            return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                       "node %zu (kernel): its function was unloaded since the capture", i);
+        return CUDA_SUCCESS;
+    case NODE_EVENT_WAIT:
+        if (!set_has(&events, n->u.wait.event) || n->u.wait.event->serial != n->u.wait.serial)
+            return bad(CUDA_ERROR_INVALID_VALUE, fn,
+                       "node %zu (event wait): its event was destroyed since the capture", i);
+        return CUDA_SUCCESS;
+    default: return CUDA_SUCCESS;
+    }
+}
+
+CUresult td_cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    static const char fn[] = "cuGraphLaunch";
+    fake_capture *cap = NULL;
+    node_list run = {0};
+    td_lock();
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = exec_ok(e, fn);
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS)
+        r = td_capture_of(s, fn, &cap);
+    if (r == CUDA_SUCCESS && cap) {
+        char d[160];
+        invalidate(cap, "a graph was launched into it");
+        r = bad(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, fn,
+                "graph launch into stream %p of %s: child graph nodes are not modelled by the "
+                "test device; the capture is invalidated",
+                (void *)s, describe(cap, d, sizeof d));
+    }
+    /* The launch works on its own copy: the executable graph may be updated or destroyed
+     * while a host function of this launch runs. */
+    if (r == CUDA_SUCCESS && !list_clone(&run, &((fake_exec *)(void *)e)->nodes))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    int kernels = 0;
+    for (size_t i = 0; r == CUDA_SUCCESS && i < run.n; i++) {
+        r = node_check(run.items[i], i, fn);
+        kernels += run.items[i]->kind == NODE_KERNEL;
+    }
+    if (r == CUDA_SUCCESS && kernels && !accept_launches) {
+        refused_launches++; /* nothing runs: a graph with kernels never pretends */
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    for (size_t i = 0; r == CUDA_SUCCESS && i < run.n; i++) {
+        const fake_node *n = run.items[i];
+        r = node_check(n, i, fn); /* again: a host function may have freed memory */
+        if (r != CUDA_SUCCESS)
+            break;
+        switch (n->kind) {
+        case NODE_MEMCPY:
+            memmove((void *)n->u.copy.dst, (const void *)n->u.copy.src, n->u.copy.bytes);
+            break;
+        case NODE_MEMSET:
+            fill_rows(n->u.memset.dst, n->u.memset.pitch, n->u.memset.value, n->u.memset.esize,
+                      n->u.memset.width, n->u.memset.height);
+            break;
+        case NODE_HOST:
+            td_unlock();
+            n->u.host.fn(n->u.host.user);
+            td_lock();
+            break;
+        default: break; /* kernels (accepted) are skipped; waits are satisfied at once */
+        }
+    }
+    list_free(&run);
+    td_unlock();
+    return r;
+}
