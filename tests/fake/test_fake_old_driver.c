@@ -35,9 +35,11 @@ int main(void)
     REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 64}, &a) == SC_OK);
     REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 64}, &b) == SC_OK);
     sc_launch_desc cfg = {.grid = {.x = 1}, .block = {.x = 64}};
-    for (int i = 0; i < 3; i++) /* one argument short: not caught without parameter info */
+    /* One argument too many: not caught without parameter info. (Not one too few: the
+     * driver would then read a parameter pointer past the ones given.) */
+    for (int i = 0; i < 3; i++)
         CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, add, &cfg, sc_arg_in(sc_view_of(a)),
-                           sc_arg_inout(sc_view_of(b))));
+                           sc_arg_inout(sc_view_of(b)), sc_arg_u32(64), sc_arg_u32(0)));
     sc_set_log_callback(NULL, NULL);
     CHECK(count_lines("kernel 'add': the driver (CUDA 12.3, before 12.4) can't report a "
                       "kernel's parameters, so launches of it skip the argument count, size "
