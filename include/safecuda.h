@@ -685,8 +685,8 @@ typedef struct sc_kernel_props {
     bool typed;                 /* parameter types known (decoded from a mangled name) */
     /* Thread-block clusters (sm_90+): the dims the kernel was compiled with
      * (__cluster_dims__(X, Y, Z)), 0 x 0 x 0 when none; and whether it runs only in
-     * clusters (compiled dims, or __cluster_dims__() without dims: then every launch must
-     * give sc_launch_desc.cluster). */
+     * clusters (compiled with __cluster_dims__, with or without dims; without dims every
+     * launch must give sc_launch_desc.cluster). */
     sc_dim3 cluster_dims;
     bool cluster_required;
 } sc_kernel_props;
