@@ -642,6 +642,7 @@ SC_API sc_status sc_program_lowered_name(sc_program program, const char *name_ex
 
 typedef struct sc_module { uint64_t id; } sc_module;
 typedef struct sc_kernel { uint64_t id; } sc_kernel;
+typedef struct sc_dim3 { uint32_t x, y, z; } sc_dim3;
 
 /* Load a compiled program into the context. SC_ERR_WRONG_CONTEXT for a program compiled
  * for another context; SC_ERR_NOT_SUPPORTED or SC_ERR_DRIVER (the driver's JIT log in the
@@ -689,6 +690,12 @@ typedef struct sc_kernel_props {
     int ptx_version, binary_version; /* e.g. 90 */
     int n_params;               /* -1 if the driver can't tell (before CUDA 12.4) */
     bool typed;                 /* parameter types known (decoded from a mangled name) */
+    /* Thread-block clusters (sm_90+): the dims the kernel was compiled with
+     * (__cluster_dims__(X, Y, Z)), 0 x 0 x 0 when none; and whether it runs only in
+     * clusters (compiled with __cluster_dims__, with or without dims; without dims every
+     * launch must give sc_launch_desc.cluster). */
+    sc_dim3 cluster_dims;
+    bool cluster_required;
 } sc_kernel_props;
 
 /* The kernel's resources and limits, as the driver reports them. */
@@ -707,8 +714,6 @@ SC_API sc_status sc_kernel_occupancy(sc_kernel kernel, int block_threads,
  * Checked launches
  * ==================================================================================== */
 
-typedef struct sc_dim3 { uint32_t x, y, z; } sc_dim3;
-
 typedef struct sc_launch_desc {
     sc_dim3 grid;          /* x is required; y and z default to 1 */
     sc_dim3 block;         /* x is required; y and z default to 1 */
@@ -721,6 +726,30 @@ typedef struct sc_launch_desc {
      * is what keeps the stream's order, and safecuda can't check it. Copies, fills and
      * event waits stay fully ordered. */
     bool programmatic;
+    /* Thread-block clusters (sm_90+, through cuLaunchKernelEx): the grid's blocks are
+     * grouped into clusters of cluster.x x .y x .z blocks, each cluster scheduled at once on
+     * one GPC, whose blocks can read and write each other's shared memory (distributed
+     * shared memory) and wait for each other (barrier.cluster). 0 x 0 x 0 = no cluster (or
+     * the kernel's compile-time __cluster_dims__); with x set, y and z of 0 mean 1. Each
+     * grid dimension must be a multiple of the cluster's. A cluster holds at most 8 blocks
+     * (the portable size), or, with non_portable_cluster, up to the kernel's non-portable
+     * maximum for this block size and shared memory (16 on H100). A kernel compiled with
+     * __cluster_dims__(X, Y, Z) runs with those dims: leave cluster 0 x 0 x 0 or give the
+     * same dims (the grid must still be a multiple of them). */
+    sc_dim3 cluster;
+    /* Cooperative launch: every block of the grid is resident on the device at once, so
+     * blocks may wait for each other (a grid-wide barrier) without deadlock. The grid may
+     * hold at most sc_kernel_occupancy(block threads, shared_bytes) x SM count blocks, and
+     * with a cluster also at most sc_kernel_occupancy_clusters x the cluster's size. Needs
+     * a device with cooperative launch support (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH) and
+     * cuLaunchKernelEx (CUDA 12.0+ drivers). */
+    bool cooperative;
+    /* Allow a cluster past the portable 8 blocks, up to the kernel's non-portable maximum
+     * (cuOccupancyMaxPotentialClusterSize for this block size and shared memory). The
+     * library sets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED on the kernel, once,
+     * at its first launch (or query) that needs it. Such a size may not run on another GPU
+     * model. */
+    bool non_portable_cluster;
 } sc_launch_desc;
 
 /* A grid/block covering n elements with one thread each, at the block size the
@@ -728,6 +757,19 @@ typedef struct sc_launch_desc {
  * stops there (the kernel must then stride over the rest). SC_ERR_INVALID_ARGUMENT for
  * n = 0. */
 SC_API sc_status sc_launch_config_for(uint64_t n, sc_kernel kernel, sc_launch_desc *desc);
+
+/* How many clusters of desc's shape can be resident on the device at once
+ * (cuOccupancyMaxActiveClusters): desc->block, shared_bytes, cluster (0 x 0 x 0: the
+ * kernel's compile-time dims) and non_portable_cluster are used, desc->grid is not (this is
+ * what chooses it). The block, shared memory and cluster are checked as sc_kernel_launch
+ * checks them, with its statuses and messages (SC_ERR_LAUNCH for a block, shared memory
+ * size or cluster that can't be launched; SC_ERR_NOT_SUPPORTED before sm_90 or without
+ * the driver's entry point), and *clusters is then 0; SC_ERR_INVALID_ARGUMENT for a
+ * kernel without compile-time dims and desc->cluster 0 x 0 x 0 (there is no cluster to
+ * ask about). A shape that passes the checks but does not fit on the device at all gives
+ * SC_OK and 0. */
+SC_API sc_status sc_kernel_occupancy_clusters(sc_kernel kernel, const sc_launch_desc *desc,
+                                              int *clusters);
 
 typedef enum sc_arg_kind {
     SC_ARG_IN = 1,    /* a view the kernel reads (may be a const T* parameter) */
@@ -813,12 +855,25 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
  * against the kernel's parameters (cuFuncGetParamInfo); for kernels with C++ (mangled)
  * names, each parameter's type (a view's dtype against the pointer's element type, a
  * const T* parameter passed as out/inout, a scalar's dtype); the grid, block and shared
- * memory against the device's and the kernel's limits. A mismatch names the argument
- * index, what the kernel wants and what was given; nothing is launched:
+ * memory against the device's and the kernel's limits; the cluster and cooperative
+ * fields (see sc_launch_desc). A mismatch names the argument index or the dimension, what
+ * the kernel wants and what was given; nothing is launched:
  *   SC_ERR_LAUNCH          the shape of the call is wrong: the argument count, an
  *                          argument's size in bytes, more than 64 arguments, a grid or
  *                          block dimension of 0 or past the device's limit, too many
  *                          threads a block for the kernel, too much dynamic shared memory;
+ *                          a cluster with x = 0 and y or z set, a grid dimension that is
+ *                          not a multiple of the cluster's (given or compiled), a cluster
+ *                          past 8 blocks without non_portable_cluster or past the kernel's
+ *                          non-portable maximum with it, a cluster other than the dims the
+ *                          kernel was compiled with, no cluster for a kernel compiled with
+ *                          __cluster_dims__() (no dims), a cooperative grid larger than
+ *                          what can be resident at once (blocks per SM x SMs; in clusters,
+ *                          also resident clusters x the cluster's size);
+ *   SC_ERR_NOT_SUPPORTED   a cluster before sm_90, a cluster or cooperative launch without
+ *                          the driver's cuLaunchKernelEx, a cooperative launch on a device
+ *                          without CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, a non-portable
+ *                          cluster without cuOccupancyMaxPotentialClusterSize;
  *   SC_ERR_TYPE_MISMATCH   the sizes fit but the types don't (C++ kernels only): a view of
  *                          another dtype than the pointer's element type, a view where the
  *                          kernel takes a scalar or a scalar where it takes a pointer, a
@@ -833,8 +888,15 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
  * report a kernel's parameters: the count, size and type checks are skipped (the launch
  * configuration and the views are still checked), and sc_kernel_get logs that once per
  * kernel. The views' accesses order the launch after conflicting work on other streams
- * (see streams). On the test device (SAFECUDA_DEVICE=test) a launch that passes the
- * checks fails with SC_ERR_NOT_SUPPORTED: kernels do not run there. */
+ * (see streams). The cluster, cooperative and non-portable checks ask the driver (the
+ * cooperative launch attribute, occupancy, the largest cluster) only when those fields are
+ * set; its errors are then SC_ERR_DRIVER (or SC_ERR_CONTEXT_LOST) naming the call. A
+ * programmatic, cluster or cooperative launch goes through cuLaunchKernelEx with one
+ * attribute list (a kernel's compiled cluster dims are never passed again), the others
+ * through cuLaunchKernel; under stream capture the attributes go into the kernel node
+ * (CUDA documents them as valid for graph nodes), so such launches capture. On the test
+ * device (SAFECUDA_DEVICE=test) a launch that passes the checks fails with
+ * SC_ERR_NOT_SUPPORTED: kernels do not run there. */
 SC_API sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_desc *desc,
                                   const sc_arg *args, size_t nargs);
 

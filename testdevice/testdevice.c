@@ -2134,6 +2134,37 @@ static CUresult f_cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunc
     return CUDA_SUCCESS;
 }
 
+/* The largest cluster a launch of f may use: the kernel's compiled cluster when it has one;
+ * else 8 (the portable size), or 16 (an H100's non-portable maximum) once non-portable sizes
+ * are allowed on f. Both are read through cuFuncGetAttribute, so this follows whatever the
+ * function attributes model (an attribute they do not answer counts as 0). */
+static CUresult f_cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
+                                                     const CUlaunchConfig *c)
+{
+    static const char fn[] = "cuOccupancyMaxPotentialClusterSize";
+    pthread_mutex_lock(&lock);
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS)
+        r = func_ok(f, fn);
+    if (r == CUDA_SUCCESS && (!size || !c))
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL %s", size ? "config" : "out-pointer");
+    pthread_mutex_unlock(&lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    int dims[3] = {0, 0, 0}, non_portable = 0;
+    for (int i = 0; i < 3; i++)
+        if (f_cuFuncGetAttribute(&dims[i], (CUfunction_attribute)(11 + i), f) != CUDA_SUCCESS)
+            dims[i] = 0; /* CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH + i */
+    if (f_cuFuncGetAttribute(&non_portable, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                             f) != CUDA_SUCCESS)
+        non_portable = 0;
+    if (dims[0] > 0 && dims[1] > 0 && dims[2] > 0)
+        *size = dims[0] * dims[1] * dims[2];
+    else
+        *size = non_portable ? 16 : 8;
+    return CUDA_SUCCESS;
+}
+
 /* The number of SMs, and how clusters are placed: inside GPCs, modelled as 8 of 16 SMs. */
 #define SM_COUNT 132
 #define GPC_COUNT 8

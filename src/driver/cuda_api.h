@@ -295,6 +295,8 @@ enum {
        l2_promotion, oob_fill))                                                                \
     X(cuOccupancyMaxActiveClusters, 11080, 0,                                                  \
       (int *n, CUfunction f, const CUlaunchConfig *config), (n, f, config))                    \
+    X(cuOccupancyMaxPotentialClusterSize, 11080, 0,                                            \
+      (int *size, CUfunction f, const CUlaunchConfig *config), (size, f, config))              \
     X(cuStreamBeginCapture, 10010, 1, (CUstream s, CUstreamCaptureMode mode), (s, mode))       \
     X(cuStreamEndCapture, 10000, 1, (CUstream s, CUgraph * g), (s, g))                         \
     X(cuStreamIsCapturing, 10000, 1, (CUstream s, CUstreamCaptureStatus * status), (s, status)) \

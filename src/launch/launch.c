@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "driver/driver.h"
+#include "launch/launch_attr.h"
 #include "launch/module.h"
 #include "memory/buffer.h"
 #include "stream/capture.h"
@@ -218,7 +219,9 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
         return s;
     }
     sc_dim3 grid, block;
-    if ((s = check_config(k, desc, &grid, &block, fn)) != SC_OK) {
+    sci_launch_plan plan;
+    if ((s = check_config(k, desc, &grid, &block, fn)) != SC_OK ||
+        (s = sci_launch_attrs_check(k, desc, grid, block, fn, &plan)) != SC_OK) {
         sci_kernel_release(k);
         return s;
     }
@@ -292,14 +295,13 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
             s = sci_access_begin(acc, n_acc, st, k->ctx->tracking, fn, &cap);
             if (s == SC_OK) {
                 CUresult r;
-                if (desc->programmatic && k->ctx->props.cc_major >= 9 &&
-                    sci_driver_has_launch_ex()) {
-                    CUlaunchAttribute attr;
-                    memset(&attr, 0, sizeof attr);
-                    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                    attr.value.programmatic_stream_serialization_allowed = 1;
-                    const CUlaunchConfig cfg = {grid.x, grid.y, grid.z, block.x, block.y,
-                                                block.z, desc->shared_bytes, st->cu, &attr, 1};
+                /* Programmatic, cluster and cooperative: one attribute list. */
+                CUlaunchAttribute attrs[SCI_MAX_LAUNCH_ATTRS];
+                const unsigned n_attrs = sci_launch_attrs_fill(&plan, attrs);
+                if (n_attrs) {
+                    const CUlaunchConfig cfg = {grid.x,  grid.y, grid.z, block.x, block.y,
+                                                block.z, desc->shared_bytes, st->cu, attrs,
+                                                n_attrs};
                     r = sci_cuLaunchKernelEx(&cfg, k->fn, nargs ? params : NULL, NULL);
                 } else {
                     r = sci_cuLaunchKernel(k->fn, grid.x, grid.y, grid.z, block.x, block.y,
@@ -310,7 +312,9 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
                     sci_capture_remember_locked(cap, k->obj.id, 0);
                 s = sci_access_end(acc, n_acc, st, cap, r == CUDA_SUCCESS, fn);
                 if (r != CUDA_SUCCESS)
-                    s = sci_context_fail_cu(k->ctx, r, fn, "cuLaunchKernel('%s')", k->display);
+                    s = sci_context_fail_cu(k->ctx, r, fn, "%s('%s')",
+                                            n_attrs ? "cuLaunchKernelEx" : "cuLaunchKernel",
+                                            k->display);
             }
             sci_stream_release(st);
         }
@@ -319,4 +323,10 @@ sc_status sc_kernel_launch(sc_stream stream, sc_kernel kernel, const sc_launch_d
         sci_view_release(&views[i]);
     sci_kernel_release(k);
     return s;
+}
+
+sc_status sci_launch_check_config(const sci_kernel *k, const sc_launch_desc *d, sc_dim3 *grid,
+                                  sc_dim3 *block, const char *fn)
+{
+    return check_config(k, d, grid, block, fn);
 }

@@ -10,6 +10,7 @@
 #include "core/guard.h"
 #include "core/log.h"
 #include "driver/driver.h"
+#include "launch/launch_attr.h"
 #include "launch/module.h"
 
 static sc_status module_destroy(uint64_t id, const char *fn);
@@ -414,7 +415,12 @@ sc_status sci_kernel_get(sci_module *m, const char *name, bool internal, const c
         return sci_context_fail_cu(m->ctx, r, fn, "cuFuncGetAttribute('%s')", name);
     }
     atomic_store(&k->max_dynamic_shared, dyn);
-    sc_status s = read_params(k, fn);
+    sc_status s = sci_kernel_read_cluster_attrs(k, fn);
+    if (s != SC_OK) {
+        free(k);
+        return s;
+    }
+    s = read_params(k, fn);
     if (s != SC_OK) {
         free(k);
         return s;
@@ -497,6 +503,8 @@ sc_status sc_kernel_info(sc_kernel kernel, sc_kernel_props *props)
     props->max_threads_per_block = k->max_threads;
     props->n_params = k->n_params;
     props->typed = k->typed;
+    props->cluster_dims = k->cluster_dims;
+    props->cluster_required = k->cluster_required;
     sci_kernel_release(k);
     return s;
 }

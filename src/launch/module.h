@@ -30,6 +30,9 @@ typedef struct sci_kernel {
     int max_threads;
     int static_shared;
     atomic_int max_dynamic_shared;
+    sc_dim3 cluster_dims;        /* compiled (__cluster_dims__), 0 x 0 x 0 when none */
+    bool cluster_required;       /* launches need a cluster (compiled dims or given) */
+    atomic_bool non_portable;    /* NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on fn */
 } sci_kernel;
 
 sc_status sci_kernel_acquire(sc_kernel h, const char *fn, sci_kernel **out);

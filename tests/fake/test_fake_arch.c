@@ -4,7 +4,9 @@
  *       one; the MoE layer's SM90 backend is SC_ERR_NOT_SUPPORTED;
  *   75: the MoE layer (bf16 tensor cores) is SC_ERR_NOT_SUPPORTED whatever the backend.
  * Both: a backend outside the enum is SC_ERR_INVALID_ARGUMENT before any device work; a
- * program for sm_90a in the context is SC_ERR_NOT_SUPPORTED before any compile.
+ * program for sm_90a in the context is SC_ERR_NOT_SUPPORTED before any compile; a
+ * thread-block cluster (launch or occupancy query) is SC_ERR_NOT_SUPPORTED before the
+ * driver sees it.
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include "../test.h"
@@ -70,6 +72,35 @@ int main(int argc, char **argv)
         CHECK_MSG("device 0 is 7.5");
     }
     CHECK(layer.id == 0);
+
+    /* Thread-block clusters need sm_90: refused before the driver sees the launch, and the
+     * cluster occupancy query too; a kernel's cluster attributes are not even read. */
+    {
+        sc_module m;
+        sc_kernel add;
+        REQUIRE(sc_module_load_image(ctx, fake_test_ptx, sizeof fake_test_ptx - 1, &m) == SC_OK);
+        REQUIRE(sci_fault_arm("cuFuncGetAttribute", 0, 0));
+        REQUIRE(sc_kernel_get(m, "add", &add) == SC_OK);
+        CHECK(sci_fault_calls() == 3); /* threads, static and dynamic shared memory */
+        const sc_launch_desc cfg = {.grid = {.x = 4}, .block = {.x = 256}, .cluster = {2, 1, 1}};
+        REQUIRE(sci_fault_arm("cuLaunchKernelEx", 0, 0));
+        CHECK_STATUS(SC_LAUNCH(SC_DEFAULT_STREAM, add, &cfg, sc_arg_in(sc_view_of(a)),
+                               sc_arg_inout(sc_view_of(a)), sc_arg_u32(1024)),
+                     SC_ERR_NOT_SUPPORTED);
+        CHECK(sci_fault_calls() == 0);
+        sci_fault_disarm();
+        CHECK_MSG("sc_kernel_launch: kernel 'add': thread-block clusters (cluster = 2 x 1 x 1) "
+                  "need compute capability 9.0 or newer; device 0 is");
+        CHECK_MSG(cc == 80 ? "is 8.0" : "is 7.5");
+        int n = -1;
+        CHECK_STATUS(sc_kernel_occupancy_clusters(add, &cfg, &n), SC_ERR_NOT_SUPPORTED);
+        CHECK_MSG("sc_kernel_occupancy_clusters: kernel 'add': thread-block clusters");
+        CHECK(n == 0);
+        sc_kernel_props kp;
+        CHECK_OK(sc_kernel_info(add, &kp));
+        CHECK(kp.cluster_dims.x == 0 && !kp.cluster_required);
+        CHECK_OK(sc_module_destroy(m));
+    }
 
     /* Architecture-specific code for another architecture than the context's device would
      * never load there: refused before anything compiles (compile-only programs, with the

@@ -765,7 +765,7 @@ static void test_launch(void)
     CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, pack, &one, sc_arg_bytes(xy, 12),
                          sc_arg_out((sc_view){a, 0, 1})),
                SC_ERR_LAUNCH, "sc_kernel_launch");
-    sc_launch_desc cube = {{2, 2, 2}, {256, 1, 1}, 0, true}; /* programmatic: cuLaunchKernelEx */
+    sc_launch_desc cube = {.grid = {2, 2, 2}, .block = {256, 1, 1}, .programmatic = true}; /* cuLaunchKernelEx */
     CHECK_OK(sc_kernel_launch(SC_DEFAULT_STREAM, tiled, &cube, NULL, 0));
 
     /* Images that are not PTX: the driver's error, no module. */

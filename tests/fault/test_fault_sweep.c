@@ -83,6 +83,8 @@ static const struct {
     {"cuMemPoolSetAttribute", 0, "the pool's release threshold (a cache policy)"},
     {"cuMemAllocFromPoolAsync", CUDA_ERROR_OUT_OF_MEMORY, "retried after trimming"},
     {"cuFuncGetParamInfo", CUDA_ERROR_INVALID_VALUE, "the end of the parameter list"},
+    {"cuFuncGetAttribute", CUDA_ERROR_INVALID_VALUE,
+     "a kernel's cluster attributes: a driver that does not report them (no compiled cluster)"},
 };
 
 static bool may_absorb(const char *entry, int error)

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/registry.h"
+#include "driver/driver.h"
 #include "fake_control.h"
 #include "fake_ptx.h"
 #include "safecuda.h"
@@ -213,6 +214,11 @@ static int free_slot(tracked *set, size_t n)
 }
 
 /* A destroy call "took" the object unless the handle itself was refused. */
+/* The launch attributes the test device models (probed at setup): cooperative launches
+ * (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH answered) and non-portable cluster sizes
+ * (CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH answered, with the function attributes). */
+static bool fuzz_cooperative, fuzz_non_portable;
+
 static bool taken(sc_status s) { return s != SC_ERR_STALE_HANDLE && s != SC_ERR_WRONG_KIND; }
 
 /* ---- invariants ------------------------------------------------------------------------------ */
@@ -283,6 +289,11 @@ static void setup(void)
         fprintf(stderr, "fuzz_api: setup failed: %s\n", sc_last_error());
         abort();
     }
+    int attr = 0;
+    fuzz_cooperative = sci_cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+                                                0) == CUDA_SUCCESS && attr;
+    fuzz_non_portable = sci_cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH,
+                                                 0) == CUDA_SUCCESS && attr;
     /* A kernel handle that is stale from the start. */
     sc_module gone;
     if (sc_module_load_image(ctx, fake_test_ptx, sizeof fake_test_ptx - 1, &gone) != SC_OK ||
@@ -624,14 +635,25 @@ static sc_status op_launch(void)
         k = (sc_kernel){buffers[byte() % MAX_BUFFERS].id};
     sc_launch_desc d;
     if (byte() % 4 == 0) {
-        d = (sc_launch_desc){{(uint32_t)bytes_le(4), (uint32_t)bytes_le(4), (uint32_t)bytes_le(4)},
-                             {(uint32_t)bytes_le(2), (uint32_t)bytes_le(2), (uint32_t)bytes_le(1)},
-                             (uint32_t)bytes_le(4), false};
+        d = (sc_launch_desc){
+            .grid = {(uint32_t)bytes_le(4), (uint32_t)bytes_le(4), (uint32_t)bytes_le(4)},
+            .block = {(uint32_t)bytes_le(2), (uint32_t)bytes_le(2), (uint32_t)bytes_le(1)},
+            .shared_bytes = (uint32_t)bytes_le(4)};
     } else {
-        d = (sc_launch_desc){{1u + byte(), 0, 0}, {32u * (1 + byte() % 40), 0, 0},
-                             (byte() % 8 == 0) ? (uint32_t)bytes_le(3) : 0, false};
+        d = (sc_launch_desc){.grid = {1u + byte(), 0, 0}, .block = {32u * (1 + byte() % 40), 0, 0},
+                             .shared_bytes = (byte() % 8 == 0) ? (uint32_t)bytes_le(3) : 0};
     }
-    d.programmatic = (byte() & 0x40) != 0;
+    const uint8_t flags = byte();
+    d.programmatic = (flags & 0x40) != 0;
+    /* Launch attributes, from the same byte: a cluster (0 .. 17 blocks wide, sometimes with
+     * x = 0 and y set), non-portable sizes and cooperative launches where the test device
+     * models them. */
+    if (flags & 0x20) {
+        d.cluster = (sc_dim3){(flags & 0x80) ? 0u : 1u + (flags & 0x0fu) + (flags & 0x10u),
+                              (flags & 0x01u) + 1u, 0};
+        d.non_portable_cluster = fuzz_non_portable && (flags & 0x02);
+    }
+    d.cooperative = fuzz_cooperative && (flags & 0x08) && (flags & 0x04);
     sc_arg args[6];
     size_t nargs = byte() % 7;
     for (size_t a = 0; a < nargs; a++) {
