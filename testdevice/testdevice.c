@@ -107,7 +107,9 @@
  *   - CUDA_ERROR_ILLEGAL_STATE: beginning a capture on a capturing stream, ending one on a
  *     stream that is not capturing; CUDA_ERROR_STREAM_CAPTURE_UNMATCHED (ending on a stream
  *     that joined), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (these two invalidate the capture,
- *     which the origin stream must still end), CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+ *     which the origin stream must still end);
+ *   (CUDA_ERROR_STREAM_CAPTURE_UNJOINED, work forked and never joined, is a mistake of the
+ *   calling program that the driver reports, not misuse);
  *   - at cuGraphLaunch, a node whose device range is no longer in a live allocation, whose
  *     pinned host range was freed, whose function was unloaded or whose event was
  *     destroyed: CUDA_ERROR_INVALID_VALUE (a GPU would fault, stickily), nothing runs.
