@@ -4,8 +4,9 @@
  * kernel on a third, a read-back on the first: ordered only by the automatic tracking),
  * MoE forwards on one shared layer, and uses of destroyed handles. Every result is checked
  * (against the host's copy of the data, or bit for bit against the layer's single-threaded
- * output). At the end every object is gone (live objects 0), the context's VRAM is back to
- * its start within 1 MiB after a trim, and so is the device's after the context is
+ * output). At the end every object is gone (live objects 0), the context holds exactly
+ * what it held before (bytes in use, buffers, pinned bytes; its pool no larger after a
+ * trim), and the device's free VRAM is back to its start within 1 MiB once the context is
  * destroyed. Prints the operations done and the errors (which must be 0).
  *
  *   test_gpu_soak [--seconds N] [--threads N]
@@ -270,7 +271,8 @@ static void op_stale(worker *w)
     SOAK_OK(sc_buffer_destroy(b));
     uint32_t v = 7;
     sc_status s = sc_fill(w->s2, sc_view_of(b), &v);
-    if (s != SC_ERR_STALE_HANDLE || !strstr(sc_last_error(), "soon-gone")) {
+    if (s != SC_ERR_STALE_HANDLE || !strstr(sc_last_error(), "stale buffer handle") ||
+        !strstr(sc_last_error(), "test_gpu_soak.c:")) {
         fprintf(stderr, "soak: a stale buffer gave %s: %s\n", sc_status_name(s), sc_last_error());
         atomic_fetch_add(&errors, 1);
     }
@@ -439,11 +441,15 @@ int main(int argc, char **argv)
     CHECK_OK(sc_context_trim(ctx));
     sc_memory_stats m1;
     CHECK_OK(sc_context_memory(ctx, &m1));
+    /* Inside the live context the driver may keep memory of its own for the streams the
+     * threads made (seen: 8 MiB on an H100 after 16 streams); it is printed, and what the
+     * library holds is asserted exactly. The device's free memory after the context is
+     * destroyed is the 1 MiB check. */
     int64_t ctx_drift = (int64_t)m0.device_free - (int64_t)m1.device_free;
     CHECK(m1.bytes_in_use == m0.bytes_in_use);
     CHECK(m1.live_buffers == m0.live_buffers);
     CHECK(m1.pinned_bytes == 0);
-    CHECK(ctx_drift <= (int64_t)MiB && ctx_drift >= -(int64_t)MiB);
+    CHECK(m1.pool_reserved <= m0.pool_reserved);
 
     CHECK_OK(sc_moe_destroy(layer));
     for (int i = 0; i < MOE_INPUTS; i++) {
@@ -471,10 +477,10 @@ int main(int argc, char **argv)
         printf(" %s %lu%s", op_name[i], atomic_load(&ops[i]), i + 1 < N_OPS ? "," : "");
     }
     printf("\nsoak: %lu operations, %.1f GB of results checked, %lu errors; live objects at the "
-           "end %zu; context free VRAM drift %+.1f KiB after trim, device free VRAM drift %+.1f "
-           "KiB after destroy (limit 1024 KiB)\n",
+           "end %zu; device free VRAM drift %+.1f KiB after destroy (limit 1024 KiB); inside the "
+           "context after a trim %+.1f KiB (the driver's own)\n",
            total, (double)atomic_load(&bytes_checked) / 1e9, atomic_load(&errors), live,
-           (double)ctx_drift / 1024.0, (double)dev_drift / 1024.0);
+           (double)dev_drift / 1024.0, (double)ctx_drift / 1024.0);
     CHECK(atomic_load(&errors) == 0);
     CHECK(total > 0);
     for (int i = 0; i < N_OPS; i++)
