@@ -467,8 +467,11 @@ int main(int argc, char **argv)
     CHECK_OK(sc_context_destroy(ctx)); /* SC_OK, not SC_ERR_LEAKED */
     uint64_t dev_free1 = 0;
     CHECK_OK(sc_device_memory(0, &dev_free1, &dev_total));
+    /* Under compute-sanitizer its own device allocations (initcheck's shadow memory) move
+     * free VRAM: the drift is asserted in the plain run only, as test_gpu_memory does. */
     int64_t dev_drift = (int64_t)dev_free0 - (int64_t)dev_free1;
-    CHECK(dev_drift <= (int64_t)MiB && dev_drift >= -(int64_t)MiB);
+    if (!sanitizer)
+        CHECK(dev_drift <= (int64_t)MiB && dev_drift >= -(int64_t)MiB);
 
     unsigned long total = 0;
     printf("soak: %.1f s, %d threads:", elapsed, threads);
