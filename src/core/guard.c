@@ -64,10 +64,21 @@ bool sci_guard_active(void)
     return active;
 }
 
-sc_status sci_guard_refuse(const char *fn, const char *what)
+/* A guard that keeps ctx's work from finishing, or one that forbids unsafe calls (lock
+ * held). ctx NULL: only the latter. */
+static const sci_guard *busy_locked(const void *ctx)
+{
+    for (const sci_guard *g = guards; g && ctx; g = g->next)
+        if (g->ctx == ctx)
+            return g;
+    return forbidding_locked();
+}
+
+/* SC_ERR_CAPTURE naming the guard busy_locked(ctx) finds, with why it refuses. */
+static sc_status refuse(const void *ctx, const char *fn, const char *what, const char *why)
 {
     pthread_mutex_lock(&lock);
-    const sci_guard *g = forbidding_locked();
+    const sci_guard *g = busy_locked(ctx);
     char who[sizeof g->what] = "";
     if (g)
         snprintf(who, sizeof who, "%s", g->what);
@@ -75,21 +86,17 @@ sc_status sci_guard_refuse(const char *fn, const char *what)
     if (!g)
         return SC_OK;
     return sci_fail(SC_ERR_CAPTURE, fn,
-                    "%s is not allowed while %s is in progress (CUDA forbids calls that "
-                    "synchronize, or allocate or free outside a stream, during a capture; a "
-                    "relaxed capture, or a thread-local one on another thread, allows them): "
-                    "nothing was done and the capture is still usable",
-                    what, who);
+                    "%s is not allowed while %s is in progress (%s): nothing was done and the "
+                    "capture is still usable",
+                    what, who, why);
 }
 
-/* A guard that keeps ctx's work from finishing, or one that forbids unsafe calls (lock
- * held). */
-static const sci_guard *busy_locked(const void *ctx)
+sc_status sci_guard_refuse(const char *fn, const char *what)
 {
-    for (const sci_guard *g = guards; g; g = g->next)
-        if (g->ctx == ctx)
-            return g;
-    return forbidding_locked();
+    return refuse(NULL, fn, what,
+                  "CUDA forbids calls that synchronize, or allocate or free outside a stream, "
+                  "during a capture; a relaxed capture, or a thread-local one on another "
+                  "thread, allows them");
 }
 
 bool sci_guard_context_busy(const void *ctx)
@@ -102,19 +109,9 @@ bool sci_guard_context_busy(const void *ctx)
 
 sc_status sci_guard_refuse_context(const void *ctx, const char *fn, const char *what)
 {
-    pthread_mutex_lock(&lock);
-    const sci_guard *g = busy_locked(ctx);
-    char who[sizeof g->what] = "";
-    if (g)
-        snprintf(who, sizeof who, "%s", g->what);
-    pthread_mutex_unlock(&lock);
-    if (!g)
-        return SC_OK;
-    return sci_fail(SC_ERR_CAPTURE, fn,
-                    "%s is not allowed while %s is in progress (it would wait for work that "
-                    "does not run until the graph is launched, and CUDA forbids it during a "
-                    "capture): nothing was done and the capture is still usable",
-                    what, who);
+    return refuse(ctx, fn, what,
+                  "it would wait for work that does not run until the graph is launched, and "
+                  "CUDA forbids it during a capture");
 }
 
 void sci_guard_defer(void (*release)(void *arg), void *arg)
