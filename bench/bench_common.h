@@ -249,18 +249,18 @@ static inline void bench_chomp(char *s)
         s[--n] = '\0';
 }
 
-/* Run bench/peers/<script> with the given (already shell-safe) arguments and collect its
- * rows. Never fails the benchmark: p->ok says whether anything came back. The script is
- * looked up in $SAFECUDA_BENCH_PEERS or SAFECUDA_SOURCE_DIR/bench/peers, run by
- * $SAFECUDA_BENCH_PYTHON or python3 from PATH, under `timeout` when that exists. */
-static inline void bench_peer_run(const char *script, const char *args, int timeout_s,
-                                  bench_peer *p)
+/* Start bench/peers/<script> with the given (already shell-safe) arguments: the pipe of
+ * its output (stdout and stderr together), or NULL with the reason in reason (disabled by
+ * SAFECUDA_BENCH_NO_PEER, the script missing, popen failing). The script is looked up in
+ * $SAFECUDA_BENCH_PEERS or SAFECUDA_SOURCE_DIR/bench/peers, run by $SAFECUDA_BENCH_PYTHON
+ * or python3 from PATH, under `timeout timeout_s` when that exists. */
+static inline FILE *bench_peer_open(const char *script, const char *args, int timeout_s,
+                                    char *reason, size_t reason_size)
 {
-    memset(p, 0, sizeof *p);
     const char *off = getenv("SAFECUDA_BENCH_NO_PEER");
     if (off && *off && strcmp(off, "0") != 0) {
-        snprintf(p->reason, sizeof p->reason, "disabled by SAFECUDA_BENCH_NO_PEER");
-        return;
+        snprintf(reason, reason_size, "disabled by SAFECUDA_BENCH_NO_PEER");
+        return NULL;
     }
     const char *dir = getenv("SAFECUDA_BENCH_PEERS");
     char path[1024];
@@ -269,8 +269,8 @@ static inline void bench_peer_run(const char *script, const char *args, int time
     else
         snprintf(path, sizeof path, "%s/bench/peers/%s", SAFECUDA_SOURCE_DIR, script);
     if (access(path, R_OK) != 0) {
-        snprintf(p->reason, sizeof p->reason, "%.200s: %.40s", path, strerror(errno));
-        return;
+        snprintf(reason, reason_size, "%.200s: %.40s", path, strerror(errno));
+        return NULL;
     }
     const char *py = getenv("SAFECUDA_BENCH_PYTHON");
     if (!py || !*py)
@@ -290,10 +290,34 @@ static inline void bench_peer_run(const char *script, const char *args, int time
              timeout_s, run, run);
     fflush(stdout);
     FILE *f = popen(cmd, "r");
-    if (!f) {
-        snprintf(p->reason, sizeof p->reason, "popen failed: %.200s", strerror(errno));
+    if (!f)
+        snprintf(reason, reason_size, "popen failed: %.200s", strerror(errno));
+    return f;
+}
+
+/* Close a peer started by bench_peer_open. When it did not exit 0, reason becomes
+ * "exit N[ (timed out)][: <reason so far>]". */
+static inline void bench_peer_close(FILE *f, char *reason, size_t reason_size)
+{
+    int st = pclose(f);
+    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
         return;
-    }
+    char last[256];
+    snprintf(last, sizeof last, "%s", reason);
+    int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+    snprintf(reason, reason_size, "exit %d%s%s%.200s", code, code == 124 ? " (timed out)" : "",
+             last[0] ? ": " : "", last);
+}
+
+/* Run bench/peers/<script> (bench_peer_open) and collect its "peer <kind> <bytes> <value>"
+ * rows. Never fails the benchmark: p->ok says whether anything came back. */
+static inline void bench_peer_run(const char *script, const char *args, int timeout_s,
+                                  bench_peer *p)
+{
+    memset(p, 0, sizeof *p);
+    FILE *f = bench_peer_open(script, args, timeout_s, p->reason, sizeof p->reason);
+    if (!f)
+        return;
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         bench_chomp(line);
@@ -311,15 +335,8 @@ static inline void bench_peer_run(const char *script, const char *args, int time
             snprintf(p->reason, sizeof p->reason, "%.250s", line);
         }
     }
-    int st = pclose(f);
     p->ok = p->n > 0;
-    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        char last[256];
-        snprintf(last, sizeof last, "%s", p->reason);
-        int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
-        snprintf(p->reason, sizeof p->reason, "exit %d%s%.200s", code, last[0] ? ": " : "",
-                 last);
-    }
+    bench_peer_close(f, p->reason, sizeof p->reason);
 }
 
 /* The peer's value for (kind, bytes); false when it has none. */

@@ -354,25 +354,6 @@ static void run_peer(bool quick, peer_result *p)
 {
     memset(p, 0, sizeof *p);
     p->copy_tbs = NAN;
-    const char *off = getenv("SAFECUDA_BENCH_NO_PEER");
-    if (off && *off && strcmp(off, "0") != 0) {
-        snprintf(p->reason, sizeof p->reason, "disabled by SAFECUDA_BENCH_NO_PEER");
-        return;
-    }
-    const char *dir = getenv("SAFECUDA_BENCH_PEERS");
-    char path[1024];
-    if (dir && *dir)
-        snprintf(path, sizeof path, "%s/%s", dir, PEER_SCRIPT);
-    else
-        snprintf(path, sizeof path, "%s/bench/peers/%s", SAFECUDA_SOURCE_DIR, PEER_SCRIPT);
-    if (access(path, R_OK) != 0) {
-        snprintf(p->reason, sizeof p->reason, "%.200s: %.40s", path, strerror(errno));
-        return;
-    }
-    const char *py = getenv("SAFECUDA_BENCH_PYTHON");
-    if (!py || !*py)
-        py = "python3";
-
     char specs[512] = "", toks[64] = "";
     for (size_t i = 0; i < N_CONFIGS; i++) {
         const moe_config *c = &configs[i];
@@ -388,30 +369,18 @@ static void run_peer(bool quick, peer_result *p)
     }
     const int budget = quick ? 60 : 150; /* seconds of measuring; then nan for the rest */
 
-    char run[4096] = "";
-    bench_shell_quote(run, sizeof run, py);
-    strncat(run, " ", sizeof run - strlen(run) - 1);
-    bench_shell_quote(run, sizeof run, path);
-    strncat(run, " --specs ", sizeof run - strlen(run) - 1);
-    bench_shell_quote(run, sizeof run, specs);
-    strncat(run, " --tokens ", sizeof run - strlen(run) - 1);
-    bench_shell_quote(run, sizeof run, toks);
-    size_t n = strlen(run);
-    snprintf(run + n, sizeof run - n, " --budget %d%s", budget, quick ? " --quick" : "");
-
-    char cmd[2 * 4096 + 256];
+    char peer_args[1024] = "--specs ";
+    bench_shell_quote(peer_args, sizeof peer_args, specs);
+    strncat(peer_args, " --tokens ", sizeof peer_args - strlen(peer_args) - 1);
+    bench_shell_quote(peer_args, sizeof peer_args, toks);
+    size_t n = strlen(peer_args);
+    snprintf(peer_args + n, sizeof peer_args - n, " --budget %d%s", budget, quick ? " --quick" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
-    snprintf(cmd, sizeof cmd,
-             "if command -v timeout >/dev/null 2>&1; then timeout %d %s; else %s; fi 2>&1",
-             limit, run, run);
-    printf("peer: running %s (up to %d s)\n", PEER_SCRIPT, limit);
-    fflush(stdout);
     const uint64_t t0 = bench_now_ns();
-    FILE *f = popen(cmd, "r");
-    if (!f) {
-        snprintf(p->reason, sizeof p->reason, "popen failed: %.200s", strerror(errno));
+    FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
+    if (!f)
         return;
-    }
+    printf("peer: running %s (up to %d s)\n", PEER_SCRIPT, limit);
     char line[2048];
     while (fgets(line, sizeof line, f)) {
         bench_chomp(line);
@@ -444,15 +413,8 @@ static void run_peer(bool quick, peer_result *p)
         }
         fflush(stdout);
     }
-    int st = pclose(f);
     p->ok = p->rows > 0;
-    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        char last[256];
-        snprintf(last, sizeof last, "%s", p->reason);
-        int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
-        snprintf(p->reason, sizeof p->reason, "exit %d%s%s%.200s", code,
-                 code == 124 ? " (timed out)" : "", last[0] ? ": " : "", last);
-    }
+    bench_peer_close(f, p->reason, sizeof p->reason);
     printf("peer: %s in %.1f s: %zu results%s%s\n", p->ok ? "done" : "unavailable",
            (double)(bench_now_ns() - t0) * 1e-9, p->rows, p->reason[0] ? "; " : "",
            p->reason);
