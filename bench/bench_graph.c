@@ -374,7 +374,8 @@ static void run_peer(bool quick, peer_result *p)
     strncat(peer_args, " --tokens ", sizeof peer_args - strlen(peer_args) - 1);
     bench_shell_quote(peer_args, sizeof peer_args, toks);
     size_t n = strlen(peer_args);
-    snprintf(peer_args + n, sizeof peer_args - n, " --budget %d%s", budget, quick ? " --quick" : "");
+    snprintf(peer_args + n, sizeof peer_args - n, " --budget %d%s", budget,
+             quick ? " --quick" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
     const uint64_t t0 = bench_now_ns();
     FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
