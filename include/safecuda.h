@@ -286,6 +286,8 @@ typedef struct sc_memory_stats {
     uint64_t pool_reserved;  /* device memory the context's pool holds (in use + cached) */
     uint64_t pinned_bytes;   /* bytes of the context's live pinned host buffers, plus those
                                 the driver refused to unpin at their destroy */
+    uint64_t borrowed_bytes; /* bytes of the context's live borrowed buffers
+                                (safecuda/interop.h): not in bytes_in_use nor the budget */
     uint64_t device_free;    /* the device's free memory now */
     uint64_t device_total;
 } sc_memory_stats;
