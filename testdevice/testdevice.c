@@ -1328,6 +1328,54 @@ static CUresult f_cuStreamQuery(CUstream s)
     return r;
 }
 
+static CUresult f_cuStreamGetCtx(CUstream s, CUcontext *c)
+{
+    static const char fn[] = "cuStreamGetCtx";
+    pthread_mutex_lock(&lock);
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS && !c)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL context");
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS) {
+        /* The built-in streams answer the current context, as CUDA does. A stream a test
+         * moved to another context answers a context that is not the primary one. */
+        static int other;
+        int moved = (uintptr_t)s > 2 && ((fake_stream *)(void *)s)->other_context;
+        *c = moved ? (CUcontext)(void *)&other : (CUcontext)(void *)current;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+static CUresult f_cuStreamGetPriority(CUstream s, int *prio)
+{
+    static const char fn[] = "cuStreamGetPriority";
+    pthread_mutex_lock(&lock);
+    CUresult r = need_ctx(fn);
+    if (r == CUDA_SUCCESS && !prio)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL priority");
+    if (r == CUDA_SUCCESS)
+        r = need_stream(s, fn);
+    if (r == CUDA_SUCCESS)
+        *prio = (uintptr_t)s > 2 ? ((fake_stream *)(void *)s)->priority : 0;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+/* For tests: make a live stream answer cuStreamGetCtx with a context other than the
+ * primary one (a stream of a context another library created). 0 when s is not a live
+ * stream of the test device. */
+EXPORT int safecuda_testdevice_move_stream_to_other_context(CUstream s)
+{
+    pthread_mutex_lock(&lock);
+    int ok = (uintptr_t)s > 2 && set_has(&streams, s);
+    if (ok)
+        ((fake_stream *)(void *)s)->other_context = 1;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
 CUresult event_ok(CUevent e, const char *fn)
 {
     if (!set_has(&events, e))

@@ -48,6 +48,7 @@ typedef struct fake_stream {
     int priority;
     struct fake_capture *capture; /* the capture it belongs to, NULL when not capturing */
     idx_set deps;                 /* while capturing: what its next node depends on */
+    int other_context;            /* a test said it belongs to a context of its own */
 } fake_stream;
 #define STREAM_MAGIC 0x57e4
 

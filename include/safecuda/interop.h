@@ -40,8 +40,10 @@ extern "C" {
  * belong to the device's primary context (the one sc_context and the CUDA runtime use):
  * SC_ERR_WRONG_CONTEXT otherwise. sc_stream_destroy of a wrapped stream waits for the work
  * queued on it (as for any stream) and forgets it, without destroying the CUstream; the
- * caller keeps the CUstream alive while the handle lives. Wrapping one CUstream twice
- * gives two handles that safecuda orders as one stream. Use the macro. */
+ * caller keeps the CUstream alive while the handle lives (passing a value that is not a live
+ * CUstream is undefined in the driver: safecuda reports what it answers). Wrapping one
+ * CUstream twice gives two handles that safecuda orders as two streams (correct, with
+ * waits that were not needed). Use the macro. */
 SC_API sc_status sc_stream_wrap_at(sc_context ctx, uint64_t cu_stream, const char *label,
                                    sc_stream *stream, const char *file, int line);
 #define sc_stream_wrap(...) sc_stream_wrap_at(__VA_ARGS__, __FILE__, __LINE__)

@@ -261,6 +261,8 @@ enum {
     X(cuStreamSynchronize, 2000, 1, (CUstream s), (s))                                         \
     X(cuStreamQuery, 2000, 1, (CUstream s), (s))                                               \
     X(cuStreamWaitEvent, 3020, 1, (CUstream s, CUevent e, unsigned flags), (s, e, flags))      \
+    X(cuStreamGetCtx, 9020, 1, (CUstream s, CUcontext * c), (s, c))                           \
+    X(cuStreamGetPriority, 5050, 1, (CUstream s, int *prio), (s, prio))                        \
     X(cuLaunchHostFunc, 10000, 1, (CUstream s, CUhostFn fn, void *user), (s, fn, user))        \
     X(cuEventCreate, 2000, 1, (CUevent * e, unsigned flags), (e, flags))                       \
     X(cuEventDestroy, 4000, 1, (CUevent e), (e))                                               \

@@ -39,6 +39,8 @@ struct sci_capture {
     sci_capture_list list;
     sci_guard guard;      /* registered with core/guard.h while active */
     bool broken;          /* a host allocation failed: the graph would miss an object */
+    bool adopted;         /* begun by another library on a wrapped stream: never ended here */
+    uint64_t driver_id;   /* the driver's id of an adopted capture */
     sci_capture *next;    /* the active list */
 };
 
@@ -112,6 +114,8 @@ void sci_capture_put(sci_capture *cap)
 
 bool sci_stream_is_capturing_now(sci_stream *stream)
 {
+    if (stream->wrapped)
+        sci_capture_sync_wrapped(stream, "");
     pthread_mutex_lock(&capture_lock);
     bool capturing = stream->capture != NULL;
     pthread_mutex_unlock(&capture_lock);
@@ -142,11 +146,18 @@ static void describe_capture(const sci_stream *stream, const sci_capture *cap, c
                              size_t size)
 {
     const sci_stream *origin = cap->origin;
-    snprintf(buf, size,
-             "stream '%s' (created at %s:%d) takes part in capture %llu (%s mode, begun on "
-             "stream '%s')",
-             stream->obj.label, sci_basename(stream->obj.file), stream->obj.line,
-             (unsigned long long)cap->id, mode_names[cap->mode], origin->obj.label);
+    if (cap->adopted)
+        snprintf(buf, size,
+                 "stream '%s' (created at %s:%d) takes part in capture %llu (begun by another "
+                 "library on wrapped stream '%s')",
+                 stream->obj.label, sci_basename(stream->obj.file), stream->obj.line,
+                 (unsigned long long)cap->id, origin->obj.label);
+    else
+        snprintf(buf, size,
+                 "stream '%s' (created at %s:%d) takes part in capture %llu (%s mode, begun on "
+                 "stream '%s')",
+                 stream->obj.label, sci_basename(stream->obj.file), stream->obj.line,
+                 (unsigned long long)cap->id, mode_names[cap->mode], origin->obj.label);
 }
 
 sc_status sci_capture_refuse_stream(sci_stream *stream, const char *fn, const char *what)
@@ -192,6 +203,7 @@ static sc_status record_pre_capture(sci_stream *stream, const char *fn)
     if (r != CUDA_SUCCESS)
         return sci_context_fail_cu(stream->ctx, r, fn,
                                    "recording the stream's point before the capture failed");
+    stream->pre_capture_valid = true;
     return SC_OK;
 }
 
@@ -285,6 +297,15 @@ sc_status sci_capture_end(sci_stream *stream, CUgraph *graph, sci_capture_list *
                         "stream '%s' (created at %s:%d) is not capturing",
                         stream->obj.label, sci_basename(stream->obj.file), stream->obj.line);
     }
+    if (cap->adopted) {
+        pthread_mutex_unlock(&capture_lock);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "wrapped stream '%s' (created at %s:%d) is being captured by the "
+                        "library that made it (capture %llu, adopted by safecuda): end it "
+                        "there (torch.cuda.graph ends it when its block ends)",
+                        stream->obj.label, sci_basename(stream->obj.file), stream->obj.line,
+                        (unsigned long long)cap->id);
+    }
     const sci_stream *origin = cap->origin;
     if (origin != stream) {
         pthread_mutex_unlock(&capture_lock);
@@ -342,6 +363,10 @@ void sci_capture_abandon(sci_stream *stream, const char *fn)
     sci_stream *origin = cap->origin;
     retire_locked(cap);
     pthread_mutex_unlock(&capture_lock);
+    if (cap->adopted) { /* another library's capture: it goes on, safecuda stops following */
+        finish(cap, NULL);
+        return;
+    }
     CUgraph g = NULL;
     CUresult r = sci_cuStreamEndCapture(origin->cu, &g);
     if (g)
@@ -357,6 +382,94 @@ void sci_capture_abandon(sci_stream *stream, const char *fn)
                 fn, (unsigned long long)cap->id, origin->obj.label,
                 sci_basename(origin->obj.file), origin->obj.line);
     finish(cap, NULL);
+}
+
+/* ---- captures other libraries begin on wrapped streams ------------------------------------- */
+
+bool sci_capture_is_adopted(sci_stream *stream)
+{
+    pthread_mutex_lock(&capture_lock);
+    bool adopted = stream->capture && stream->capture->adopted;
+    pthread_mutex_unlock(&capture_lock);
+    return adopted;
+}
+
+void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t driver_id = 0;
+    if (sci_cuStreamGetCaptureInfo(stream->cu, &status, &driver_id) != CUDA_SUCCESS)
+        return; /* the operation's own driver call reports what is wrong with the stream */
+    bool capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+
+    /* An adopted capture that its owner ended (or replaced): stop following it. */
+    pthread_mutex_lock(&capture_lock);
+    sci_capture *old = stream->capture;
+    if (old && old->adopted && (!capturing || old->driver_id != driver_id))
+        retire_locked(old);
+    else
+        old = NULL;
+    bool adopt = capturing && !stream->capture;
+    pthread_mutex_unlock(&capture_lock);
+    if (old)
+        finish(old, NULL);
+    if (!adopt)
+        return;
+
+    /* Adopt it: prepared outside the lock, installed under it unless another thread did. */
+    sci_capture *cap = calloc(1, sizeof *cap);
+    if (!cap || !add_member(cap, stream)) {
+        free(cap);
+        sci_log(SC_LOG_WARN, "%s: out of host memory while adopting the capture of wrapped "
+                "stream '%s': its work is ordered as outside a capture", fn, stream->obj.label);
+        return;
+    }
+    pthread_mutex_init(&cap->lock, NULL);
+    cap->ctx = stream->ctx;
+    cap->origin = stream;
+    cap->mode = CU_STREAM_CAPTURE_MODE_GLOBAL; /* the driver doesn't say: the strictest */
+    cap->thread = pthread_self();
+    cap->adopted = true;
+    cap->driver_id = driver_id;
+    pthread_mutex_lock(&capture_lock);
+    sci_capture *joined = NULL;
+    if (!stream->capture) {
+        /* The same driver capture adopted through another wrapped stream: join it. */
+        for (sci_capture *c = active_list; c && !joined; c = c->next)
+            if (c->adopted && c->driver_id == driver_id && c->ctx == stream->ctx)
+                joined = c;
+        if (joined) {
+            pthread_mutex_lock(&joined->lock);
+            bool ok = add_member(joined, stream);
+            pthread_mutex_unlock(&joined->lock);
+            if (ok) {
+                stream->capture = joined;
+                stream->pre_capture_valid = false;
+            }
+        } else {
+            cap->id = next_id++;
+            cap->refs = 1;
+            cap->active = true;
+            cap->next = active_list;
+            active_list = cap;
+            stream->capture = cap;
+            stream->pre_capture_valid = false;
+        }
+    }
+    bool installed = stream->capture == cap;
+    pthread_mutex_unlock(&capture_lock);
+    if (!installed) {
+        capture_free(cap);
+        return;
+    }
+    cap->guard.mode = cap->mode;
+    cap->guard.ctx = stream->ctx;
+    cap->guard.thread = cap->thread;
+    snprintf(cap->guard.what, sizeof cap->guard.what,
+             "capture %llu (begun by another library on wrapped stream '%s', created at %s:%d)",
+             (unsigned long long)cap->id, stream->obj.label, sci_basename(stream->obj.file),
+             stream->obj.line);
+    sci_guard_add(&cap->guard);
 }
 
 /* ---- waits on events: forks, and the waits a capture can't contain ------------------------ */

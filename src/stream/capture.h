@@ -45,6 +45,15 @@ bool sci_stream_is_capturing_now(sci_stream *stream);
  * a capture: for the calls that can't be part of a graph. SC_OK otherwise. */
 sc_status sci_capture_refuse_stream(sci_stream *stream, const char *fn, const char *what);
 
+/* A wrapped stream (sc_stream_wrap) may be captured by the library that made it
+ * (torch.cuda.graph begins a capture with the CUDA runtime): ask the driver whether it
+ * captures now, and adopt that capture (it is then treated like one begun with
+ * sci_capture_begin, in global mode, the strictest) or retire the one adopted before
+ * when it has ended. Called where a wrapped stream is resolved for an operation. */
+void sci_capture_sync_wrapped(sci_stream *stream, const char *fn);
+/* Whether stream takes part in a capture another library began (adopted). */
+bool sci_capture_is_adopted(sci_stream *stream);
+
 /* Calls CUDA forbids during capture from any layer: core/guard.h (each active capture is
  * registered there). */
 

@@ -1,3 +1,4 @@
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,8 +47,18 @@ static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bo
     }
     sci_stream *s = (sci_stream *)obj;
     if (sci_stream_is_capturing_now(s)) {
+        /* A capture another library began on a wrapped stream left no event behind. */
+        bool valid = s->pre_capture_valid;
+        char label[64];
+        snprintf(label, sizeof label, "%s", s->obj.label);
         *ev = s->pre_capture;
         sci_registry_release(obj);
+        if (!valid)
+            return sci_fail(SC_ERR_CAPTURE, fn,
+                            "the object was used on wrapped stream '%s' before the library "
+                            "that made that stream began capturing it, and no event holds "
+                            "that use: wait for the stream before the capture begins, or use "
+                            "the object on the capturing stream", label);
         return SC_OK;
     }
     CUresult r = CUDA_SUCCESS;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "driver/driver.h"
 #include "stream/capture.h"
 #include "stream/stream.h"
 
@@ -10,7 +11,11 @@ static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
 static void describe_stream(const sci_object *obj, sc_object_info *info)
 {
     const sci_stream *s = (const sci_stream *)obj;
-    snprintf(info->detail, sizeof info->detail, "priority %d", s->priority);
+    if (s->wrapped)
+        snprintf(info->detail, sizeof info->detail, "wrapped CUstream %p, priority %d",
+                 (void *)s->cu, s->priority);
+    else
+        snprintf(info->detail, sizeof info->detail, "priority %d", s->priority);
 }
 
 static sc_status destroy_leaked_stream(uint64_t id)
@@ -86,6 +91,102 @@ sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc, sc_str
     return s;
 }
 
+sc_status sc_stream_wrap_at(sc_context ctx, uint64_t cu_stream, const char *label,
+                            sc_stream *stream, const char *file, int line)
+{
+    static const char fn[] = "sc_stream_wrap";
+    SCI_CHECK_PTR(fn, stream);
+    stream->id = 0;
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c); /* checks health, makes it current */
+    if (s != SC_OK)
+        return s;
+    CUstream cu = (CUstream)(uintptr_t)cu_stream;
+    CUcontext owner = NULL;
+    CUresult r = sci_cuStreamGetCtx(cu, &owner);
+    if (r != CUDA_SUCCESS) {
+        /* A handle that is not a stream (or one already destroyed) is the caller's error,
+         * not the context's; a sticky error still marks the context lost. */
+        if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE ||
+            r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT)
+            s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                         "'%s': CUstream 0x%llx is not a live stream (cuStreamGetCtx answered "
+                         "%s)", label ? label : "", (unsigned long long)cu_stream,
+                         sci_cu_error_name(r));
+        else
+            s = sci_context_fail_cu(c, r, fn, "cuStreamGetCtx(0x%llx) failed",
+                                    (unsigned long long)cu_stream);
+        goto out;
+    }
+    if (owner != c->cu) {
+        s = sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                     "'%s': CUstream 0x%llx belongs to another CUDA context than the primary "
+                     "context of device %d that the context created at %s:%d uses (only "
+                     "streams of the primary context, the one the CUDA runtime and PyTorch "
+                     "use, can be wrapped)",
+                     label ? label : "", (unsigned long long)cu_stream, c->device,
+                     sci_basename(c->obj.file), c->obj.line);
+        goto out;
+    }
+    int priority = 0;
+    r = sci_cuStreamGetPriority(cu, &priority);
+    if (r != CUDA_SUCCESS) {
+        s = sci_context_fail_cu(c, r, fn, "cuStreamGetPriority(0x%llx) failed",
+                                (unsigned long long)cu_stream);
+        goto out;
+    }
+    sci_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "cannot allocate a stream");
+        goto out;
+    }
+    st->ctx = c;
+    st->cu = cu;
+    st->priority = priority;
+    st->wrapped = true;
+    s = sci_registry_insert(&st->obj, SCI_KIND_STREAM, c->obj.id, label ? label : "wrapped",
+                            file, line, fn);
+    if (s != SC_OK) {
+        free(st);
+        goto out;
+    }
+    stream->id = st->obj.id;
+out:
+    sci_context_release(c);
+    return s;
+}
+
+sc_status sc_stream_cu_handle(sc_stream stream, uint64_t *cu_stream)
+{
+    static const char fn[] = "sc_stream_cu_handle";
+    SCI_CHECK_PTR(fn, cu_stream);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_STREAM, stream.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    const sci_stream *st = (const sci_stream *)obj;
+    if (st->is_service) {
+        sci_registry_release(obj);
+        return sci_fail(SC_ERR_STALE_HANDLE, fn, "not a stream handle of the caller's");
+    }
+    *cu_stream = (uint64_t)(uintptr_t)st->cu;
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
+sc_status sc_stream_is_wrapped(sc_stream stream, bool *wrapped)
+{
+    static const char fn[] = "sc_stream_is_wrapped";
+    SCI_CHECK_PTR(fn, wrapped);
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_STREAM, stream.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    *wrapped = ((const sci_stream *)obj)->wrapped;
+    sci_registry_release(obj);
+    return SC_OK;
+}
+
 /* The context's internal stream whose id is kept in *slot, created on first use. Held
  * across create(), so two threads can't both create it. create() may mark the context lost
  * on its way out: that takes only c->lost_lock. */
@@ -135,6 +236,8 @@ sc_status sci_stream_acquire(sc_stream h, const char *fn, sci_stream **out)
         sci_registry_release(obj);
         return s;
     }
+    if (st->wrapped)
+        sci_capture_sync_wrapped(st, fn);
     *out = st;
     return SC_OK;
 }
@@ -160,6 +263,8 @@ sc_status sci_stream_resolve(sc_stream h, sci_context *ctx, const char *fn, sci_
                         sci_basename(st->ctx->obj.file), st->ctx->obj.line, ctx->device,
                         sci_basename(ctx->obj.file), ctx->obj.line);
     }
+    if (st->wrapped)
+        sci_capture_sync_wrapped(st, fn);
     *out = st;
     return SC_OK;
 }
@@ -210,12 +315,18 @@ static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
     sci_release_begin(&rl, c, fn);
     sci_release_make_current(&rl);
     /* A stream that takes part in a capture can't finish its work (none of it runs): the
-     * capture is abandoned first, and the stream destroyed as usual. */
+     * capture is abandoned first, and the stream destroyed as usual. A capture another
+     * library began on a wrapped stream is that library's: safecuda only stops following
+     * it, and can't wait for the stream while it captures. */
+    if (st->wrapped) /* its owner may have begun a capture since safecuda last used it */
+        sci_capture_sync_wrapped(st, fn);
+    bool foreign_capture = st->wrapped && sci_capture_is_adopted(st);
     sci_capture_abandon(st, fn);
-    if (sci_release_live(&rl)) /* finish the queued work first */
+    if (sci_release_live(&rl) && !foreign_capture) /* finish the queued work first */
         sci_release_check(&rl, sci_cuStreamSynchronize(st->cu),
                           "cuStreamSynchronize before destroy failed");
-    sci_release_check(&rl, sci_cuStreamDestroy(st->cu), "cuStreamDestroy failed");
+    if (!st->wrapped) /* a wrapped CUstream stays its owner's */
+        sci_release_check(&rl, sci_cuStreamDestroy(st->cu), "cuStreamDestroy failed");
     if (st->pre_capture)
         sci_release_check(&rl, sci_cuEventDestroy(st->pre_capture), "cuEventDestroy failed");
     if (st->is_default || st->is_service) {

@@ -13,8 +13,12 @@ typedef struct sci_stream {
     int priority;
     bool is_default;
     bool is_service;              /* the context's internal stream for frees (never captures) */
+    bool wrapped;                 /* a CUstream another library made (sc_stream_wrap): never
+                                     destroyed here; captures it begins are adopted */
     struct sci_capture *capture;  /* the capture it takes part in (stream/capture.c's lock) */
     CUevent pre_capture;          /* recorded just before it last joined a capture */
+    bool pre_capture_valid;       /* pre_capture holds the stream's work before its current
+                                     capture (false for a capture another library began) */
 } sci_stream;
 
 typedef struct sci_event {
