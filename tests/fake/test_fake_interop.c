@@ -340,6 +340,31 @@ static void test_read_only(void)
     CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, add, &cfg, sc_arg_in(sc_view_of(ro)),
                        sc_arg_inout(sc_view_of(w)), sc_arg_u32(N)));
 
+    /* A tensor map of a read-only buffer: readable through it, not writable. */
+    static const char tmap_ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                   ".visible .entry copy_tile(\n"
+                                   "    .param .align 64 .b8 copy_tile_param_0[128],\n"
+                                   "    .param .u64 copy_tile_param_1\n"
+                                   ")\n"
+                                   "{\n    ret;\n}\n";
+    sc_module tm;
+    CHECK_OK(sc_module_load_image(ctx, tmap_ptx, sizeof tmap_ptx - 1, &tm));
+    sc_kernel copy_tile;
+    CHECK_OK(sc_kernel_get(tm, "copy_tile", &copy_tile));
+    sc_tensor_map map;
+    CHECK_OK(sc_tensor_map_encode(sc_view_of(ro),
+                                  &(sc_tensor_map_desc){.rows = 16, .cols = 16, .box_rows = 8,
+                                                        .box_cols = 8},
+                                  &map));
+    sc_launch_desc tile_cfg = {.grid = {1, 1, 1}, .block = {128, 1, 1}};
+    CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, copy_tile, &tile_cfg, sc_arg_tensor_map_in(&map),
+                       sc_arg_out(sc_view_of(w))));
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, copy_tile, &tile_cfg, sc_arg_tensor_map_out(&map),
+                         sc_arg_out(sc_view_of(w))),
+               SC_ERR_INVALID_ARGUMENT, "sc_kernel_launch");
+    CHECK_MSG("read-only");
+    CHECK_OK(sc_module_destroy(tm));
+
     /* A capture refuses the write too, and stays usable. */
     sc_stream cs;
     CHECK_OK(sc_stream_create(ctx, &(sc_stream_desc){.label = "capturing"}, &cs));
@@ -1031,6 +1056,42 @@ static void test_deleter_threads(void)
     CHECK(fake.live_device_allocations() == device0);
 }
 
+/* Deleters on several threads while the context is destroyed: every export is let go of
+ * once, by its deleter or by the destroy, and all the memory goes back. */
+static void test_deleters_vs_context_destroy(void)
+{
+    fake_counts before = fake_counts_now();
+    for (int round = 0; round < 20; round++) {
+        sc_context c;
+        REQUIRE(sc_context_create(NULL, &c) == SC_OK);
+        float data[64];
+        sc_buffer a = filled_buffer(c, 64, "a", data);
+        sc_buffer b = filled_buffer(c, 64, "b", data);
+        DLManagedTensorVersioned *t[THREADS];
+        for (int i = 0; i < THREADS; i++)
+            CHECK_OK(sc_view_to_dlpack(sc_view_of(i % 2 ? a : b),
+                                       &(sc_dlpack_export_desc){.read_only = true}, &t[i]));
+        if (round % 2)
+            CHECK_OK(sc_buffer_destroy(a));
+        pthread_t th[THREADS];
+        for (int i = 0; i < THREADS; i++)
+            REQUIRE(pthread_create(&th[i], NULL, call_deleter, t[i]) == 0);
+        log_text[0] = '\0';
+        sc_set_log_callback(capture_log, NULL);
+        sc_status s = sc_context_destroy(c);
+        sc_set_log_callback(NULL, NULL);
+        CHECK(s == SC_OK || s == SC_ERR_LEAKED);
+        for (int i = 0; i < THREADS; i++)
+            pthread_join(th[i], NULL);
+    }
+    char diff[256];
+    if (fake_counts_diff(before, fake_counts_now(), diff, sizeof diff)) {
+        fprintf(stderr, "after the races the fake still holds: %s\n", diff);
+        test_failures++;
+    }
+    CHECK_OK(sc_context_check(ctx));
+}
+
 int main(void)
 {
     fake_attach();
@@ -1050,6 +1111,7 @@ int main(void)
     test_export_outlives_context();
     test_round_trip();
     test_deleter_threads();
+    test_deleters_vs_context_destroy();
     CHECK_OK(sc_context_destroy(ctx));
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
