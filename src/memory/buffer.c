@@ -156,9 +156,14 @@ static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
     return sci_context_service_stream(b->ctx, fn, out);
 }
 
-/* A borrowed buffer's memory goes back to its owner: the owner stream (if it still exists
- * and is not capturing) is made to wait for every use, else the host waits for them; then
- * release runs, once, whatever the driver answered (on a lost context the work is gone). */
+/* A borrowed buffer's memory goes back to its owner: the owner stream (if it still exists)
+ * is made to wait for every use, else the host waits for them; then release runs, once,
+ * whatever the driver answered (on a lost context the work is gone). While the owner
+ * stream captures (torch.cuda.graph), the owner's next use of the memory is in the graph:
+ * it follows the captured uses on the owner stream by stream order, the captured uses on
+ * the capture's other streams are joined into it, and only uses outside the capture on
+ * other streams are waited for on the host (none when everything ran on the owner's
+ * stream, as the PyTorch operator does). */
 static void release_borrowed(sci_buffer *b, sci_release *rl, const char *fn)
 {
     sci_context *c = b->ctx;
@@ -174,6 +179,12 @@ static void release_borrowed(sci_buffer *b, sci_release *rl, const char *fn)
                 pthread_mutex_unlock(&b->tracker.lock);
                 sci_release_status(rl, f);
                 ordered = f == SC_OK;
+            } else {
+                sc_status f = sci_capture_order_object(owner, b->obj.id, fn);
+                if (f == SC_OK)
+                    f = sci_tracker_host_wait_except(&b->tracker, c, owner->obj.id, fn);
+                sci_release_status(rl, f);
+                ordered = true; /* never a host-wide wait inside a capture */
             }
             sci_stream_release(owner);
         }

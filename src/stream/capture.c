@@ -613,6 +613,29 @@ sc_status sci_capture_access_begin(sci_capture *cap, sci_access *acc, size_t n,
     return s;
 }
 
+sc_status sci_capture_order_object(sci_stream *stream, uint64_t id, const char *fn)
+{
+    sci_capture *cap = sci_stream_capture(stream);
+    if (!cap)
+        return SC_OK;
+    pthread_mutex_lock(&cap->lock);
+    sc_status s = SC_OK;
+    shadow *sh = NULL;
+    for (size_t i = 0; i < cap->n_shadows && !sh; i++)
+        if (cap->shadows[i].id == id)
+            sh = &cap->shadows[i];
+    if (sh) {
+        uint64_t waited[64];
+        size_t n_waited = 0;
+        s = wait_member(cap, sh->write, stream, waited, &n_waited, fn);
+        for (size_t j = 0; j < sh->n_reads && s == SC_OK; j++)
+            s = wait_member(cap, sh->reads[j], stream, waited, &n_waited, fn);
+    }
+    pthread_mutex_unlock(&cap->lock);
+    sci_capture_put(cap);
+    return s;
+}
+
 void sci_capture_remember_locked(sci_capture *cap, uint64_t id, sci_access_mode mode)
 {
     if (!sci_capture_list_add(&cap->list, id, mode))

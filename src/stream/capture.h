@@ -90,6 +90,11 @@ void sci_capture_access_end(sci_capture *cap, sci_access *acc, size_t n, sci_str
  * capture's lock held (between access begin and end). */
 void sci_capture_remember_locked(sci_capture *cap, uint64_t id, sci_access_mode mode);
 
+/* Make stream (which takes part in a capture) wait, inside the capture, for the captured
+ * uses of object id on the capture's other streams: what a release on stream must follow.
+ * SC_OK when stream captures nothing or the object has no captured use elsewhere. */
+sc_status sci_capture_order_object(sci_stream *stream, uint64_t id, const char *fn);
+
 /* Lists. */
 bool sci_capture_list_add(sci_capture_list *l, uint64_t id, sci_access_mode mode);
 void sci_capture_list_free(sci_capture_list *l);

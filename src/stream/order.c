@@ -279,6 +279,20 @@ sc_status sci_tracker_host_wait_locked(sci_tracker *t, sci_context *ctx, bool tr
     return s;
 }
 
+sc_status sci_tracker_host_wait_except(sci_tracker *t, sci_context *ctx, uint64_t skip_stream_id,
+                                      const char *fn)
+{
+    pthread_mutex_lock(&t->lock);
+    sc_status s = SC_OK;
+    if (t->write.stream_id != skip_stream_id)
+        s = host_wait_use(&t->write, ctx, false, fn);
+    for (size_t i = 0; i < t->n_reads && s == SC_OK; i++)
+        if (t->reads[i].stream_id != skip_stream_id)
+            s = host_wait_use(&t->reads[i], ctx, false, fn);
+    pthread_mutex_unlock(&t->lock);
+    return s;
+}
+
 sc_status sci_tracker_host_wait(sci_tracker *t, sci_context *ctx, bool try_only, const char *fn)
 {
     pthread_mutex_lock(&t->lock);

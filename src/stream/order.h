@@ -81,6 +81,12 @@ sc_status sci_tracker_host_wait(sci_tracker *t, sci_context *ctx, bool try_only,
 sc_status sci_tracker_host_wait_locked(sci_tracker *t, sci_context *ctx, bool try_only,
                                        const char *fn);
 
+/* Host-side wait for the uses of t on streams other than skip_stream_id (a stream that
+ * captures now: its uses before the capture are ordered before the graph's work by its
+ * owner). Locks t itself. */
+sc_status sci_tracker_host_wait_except(sci_tracker *t, sci_context *ctx, uint64_t skip_stream_id,
+                                      const char *fn);
+
 /* The stream of the last use of t, for frees (0 if none). t must be locked. */
 uint64_t sci_tracker_last_stream(const sci_tracker *t);
 

@@ -19,6 +19,8 @@ static struct {
     CUresult (*begin_capture)(CUstream s, CUstreamCaptureMode mode);
     CUresult (*end_capture)(CUstream s, CUgraph *g);
     CUresult (*graph_destroy)(CUgraph g);
+    CUresult (*mem_alloc)(CUdeviceptr *p, size_t n);
+    CUresult (*mem_free)(CUdeviceptr p);
     int (*move_to_other_context)(CUstream s);
 } other;
 
@@ -43,6 +45,8 @@ static void attach_other(void)
     p = entry(h, "cuStreamBeginCapture"); memcpy(&other.begin_capture, &p, sizeof p);
     p = entry(h, "cuStreamEndCapture"); memcpy(&other.end_capture, &p, sizeof p);
     p = entry(h, "cuGraphDestroy"); memcpy(&other.graph_destroy, &p, sizeof p);
+    p = entry(h, "cuMemAlloc"); memcpy(&other.mem_alloc, &p, sizeof p);
+    p = entry(h, "cuMemFree"); memcpy(&other.mem_free, &p, sizeof p);
     p = dlsym(h, "safecuda_testdevice_move_stream_to_other_context");
     REQUIRE(p != NULL);
     memcpy(&other.move_to_other_context, &p, sizeof p);
@@ -225,6 +229,53 @@ static void test_foreign_capture(void)
     CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
 }
 
+static int releases;
+static void count_release(void *user)
+{
+    (void)user;
+    releases++;
+}
+
+/* What the PyTorch operator does inside torch.cuda.graph: the other library's memory
+ * borrowed with the capturing stream as its owner, safecuda's work captured on it, the
+ * borrowed buffers destroyed inside the capture. Their release runs at once (the owner's
+ * next use is later in the same graph) and nothing waits on the host, which would
+ * invalidate the capture. */
+static void test_borrow_inside_foreign_capture(void)
+{
+    CUstream cu = foreign_stream();
+    CUdeviceptr px = 0, pout = 0;
+    REQUIRE(other.mem_alloc(&px, 4096) == CUDA_SUCCESS);
+    REQUIRE(other.mem_alloc(&pout, 4096) == CUDA_SUCCESS);
+    sc_stream w = {0};
+    CHECK_OK(sc_stream_wrap(ctx, (uint64_t)(uintptr_t)cu, "torch capture", &w));
+    REQUIRE(other.begin_capture(cu, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    releases = 0;
+    sc_buffer x = {0}, out = {0};
+    CHECK_OK(sc_buffer_borrow(ctx, px, &(sc_borrow_desc){.dtype = SC_F32, .count = 1024,
+                                                        .label = "x", .stream = w,
+                                                        .release = count_release},
+                              &x));
+    CHECK_OK(sc_buffer_borrow(ctx, pout, &(sc_borrow_desc){.dtype = SC_F32, .count = 1024,
+                                                          .label = "out", .stream = w,
+                                                          .release = count_release},
+                              &out));
+    CHECK_OK(sc_copy(w, sc_view_of(out), sc_view_of(x)));
+    long misuse = fake.misuse_count();
+    CHECK_OK(sc_buffer_destroy(x));
+    CHECK_OK(sc_buffer_destroy(out));
+    CHECK(releases == 2);
+    CHECK(fake.misuse_count() == misuse);
+    CUgraph cg = NULL;
+    CHECK(other.end_capture(cu, &cg) == CUDA_SUCCESS && cg); /* not invalidated */
+    if (cg)
+        CHECK(other.graph_destroy(cg) == CUDA_SUCCESS);
+    CHECK_OK(sc_stream_destroy(w));
+    CHECK(other.mem_free(px) == CUDA_SUCCESS);
+    CHECK(other.mem_free(pout) == CUDA_SUCCESS);
+    CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
+}
+
 /* A leaked wrapper is reported (as a wrapped stream) and forgotten, not destroyed. */
 static void test_leak(void)
 {
@@ -254,6 +305,7 @@ int main(void)
     TEST_RUN(test_wrap_checks);
     TEST_RUN(test_ordering);
     TEST_RUN(test_foreign_capture);
+    TEST_RUN(test_borrow_inside_foreign_capture);
     TEST_RUN(test_leak);
     size_t live = 99;
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));
