@@ -35,8 +35,10 @@ extern "C" {
  * ==================================================================================== */
 
 /* Wrap an existing CUstream of ctx's device (cu_stream is the CUstream's value; 0 or 1
- * mean the legacy default stream, CU_STREAM_LEGACY, and 2 the per-thread default stream,
- * CU_STREAM_PER_THREAD) as an sc_stream labelled label (may be NULL). The stream must
+ * mean the legacy default stream, CU_STREAM_LEGACY) as an sc_stream labelled label (may be
+ * NULL). The per-thread default stream (2, CU_STREAM_PER_THREAD) is refused
+ * (SC_ERR_INVALID_ARGUMENT): it is another stream on every thread, and safecuda's handles
+ * may be used from any thread. The stream must
  * belong to the device's primary context (the one sc_context and the CUDA runtime use):
  * SC_ERR_WRONG_CONTEXT otherwise. sc_stream_destroy of a wrapped stream waits for the work
  * queued on it (as for any stream) and forgets it, without destroying the CUstream; the
@@ -63,8 +65,8 @@ SC_API sc_status sc_stream_is_wrapped(sc_stream stream, bool *wrapped);
 
 /* Called once when a borrowed buffer goes (sc_buffer_destroy, or sc_context_destroy of a
  * leaked one), after safecuda's work on the memory is complete or ordered before the
- * owner's stream (see sc_borrow_desc.stream). Any thread may run it; it must not call
- * safecuda on the buffer's context. */
+ * owner's stream (see sc_borrow_desc.stream, also for a destroy during a capture). Any
+ * thread may run it; it must not call safecuda on the buffer's context. */
 typedef void (*sc_release_fn)(void *user);
 
 typedef struct sc_borrow_desc {
@@ -78,7 +80,12 @@ typedef struct sc_borrow_desc {
      * release runs, so the owner may reuse the memory in its own stream order at once.
      * Zero: the context's default stream for the first, and at destroy the host waits for
      * safecuda's uses before release runs (so does a destroy that finds the stream
-     * destroyed, or capturing). */
+     * destroyed). A destroy while that stream captures (torch.cuda.graph) runs release at
+     * once, before the captured work has run: the owner's next use of the memory is later
+     * in the same graph (captured uses on the capture's other streams are joined into the
+     * owner stream first), so the owner may reuse it only inside that graph or after
+     * launching it, as PyTorch's graph-private memory pool does; only uses outside the
+     * capture on other streams are waited for on the host. */
     sc_stream stream;
     bool read_only;      /* refuse every write (out / inout and tensor-map-out arguments,
                             copy or fill destinations, MoE outputs, captured writes, a
@@ -161,9 +168,10 @@ typedef struct sc_dlpack_export_desc {
  * the consumer calls tensor->deleter(tensor), which it must do exactly once, from any
  * thread, at any time (also after the buffer or the context is destroyed); the deleter
  * leaves the calling thread's last error and current CUDA context as they were. When
- * desc->stream was given and still exists at that call, the deleter counts the consumer's
- * use of the memory on it: safecuda's later conflicting work on the buffer, and its free,
- * wait for what the consumer queued there before calling the deleter. Until its deleter
+ * desc->stream was given and still exists at that call (and is not capturing then), the
+ * deleter counts the consumer's use of the memory on it, without adding waits to that
+ * stream: safecuda's later conflicting work on the buffer, and its free, wait for what the
+ * consumer queued there before calling the deleter. Until its deleter
  * runs, an export is an object of the buffer's context ("dlpack export" in
  * sc_context_live_objects and the leak report, labelled as the buffer, created where the
  * export was made). A context destroyed while exports are held reports each one (the

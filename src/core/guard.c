@@ -1,4 +1,5 @@
 /* Calls CUDA forbids while a stream capture is open: refusals and deferred releases. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,6 +14,19 @@ typedef struct deferred {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static sci_guard *guards;
 static deferred *pending;
+static void (*_Atomic refresher)(void);
+static atomic_int adopted_guards;
+
+void sci_guard_set_refresh(void (*refresh)(void)) { atomic_store(&refresher, refresh); }
+
+/* Let the stream layer retire adopted captures whose owner ended them, before a guard is
+ * consulted (an adopted capture ends in another library, unseen). */
+static void refresh(void)
+{
+    void (*fn)(void) = atomic_load(&refresher);
+    if (fn && atomic_load(&adopted_guards) > 0)
+        fn();
+}
 
 /* The guard that forbids unsafe calls from this thread now (lock held), or NULL. */
 static const sci_guard *forbidding_locked(void)
@@ -26,6 +40,8 @@ static const sci_guard *forbidding_locked(void)
 
 void sci_guard_add(sci_guard *g)
 {
+    if (g->adopted)
+        atomic_fetch_add(&adopted_guards, 1);
     pthread_mutex_lock(&lock);
     g->next = guards;
     guards = g;
@@ -38,6 +54,8 @@ void sci_guard_remove(sci_guard *g)
     for (sci_guard **p = &guards; *p; p = &(*p)->next)
         if (*p == g) {
             *p = g->next;
+            if (g->adopted)
+                atomic_fetch_sub(&adopted_guards, 1);
             break;
         }
     /* Deferred releases wait for every forbidding capture of any thread to end. */
@@ -58,6 +76,7 @@ void sci_guard_remove(sci_guard *g)
 
 bool sci_guard_active(void)
 {
+    refresh();
     pthread_mutex_lock(&lock);
     bool active = forbidding_locked() != NULL;
     pthread_mutex_unlock(&lock);
@@ -77,6 +96,7 @@ static const sci_guard *busy_locked(const void *ctx)
 /* SC_ERR_CAPTURE naming the guard busy_locked(ctx) finds, with why it refuses. */
 static sc_status refuse(const void *ctx, const char *fn, const char *what, const char *why)
 {
+    refresh();
     pthread_mutex_lock(&lock);
     const sci_guard *g = busy_locked(ctx);
     char who[sizeof g->what] = "";
@@ -101,6 +121,7 @@ sc_status sci_guard_refuse(const char *fn, const char *what)
 
 bool sci_guard_context_busy(const void *ctx)
 {
+    refresh();
     pthread_mutex_lock(&lock);
     bool busy = busy_locked(ctx) != NULL;
     pthread_mutex_unlock(&lock);
@@ -116,6 +137,7 @@ sc_status sci_guard_refuse_context(const void *ctx, const char *fn, const char *
 
 void sci_guard_defer(void (*release)(void *arg), void *arg)
 {
+    refresh();
     pthread_mutex_lock(&lock);
     if (forbidding_locked() || pending) {
         deferred *d = malloc(sizeof *d);

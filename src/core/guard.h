@@ -20,8 +20,14 @@ typedef struct sci_guard {
     const void *ctx;      /* the context of the capturing stream */
     pthread_t thread;     /* the thread that began the capture */
     char what[240];       /* "capture 3 (global mode, begun on stream 'x', created at a.c:4)" */
+    bool adopted;         /* a capture another library began: it may end without telling */
     struct sci_guard *next;
 } sci_guard;
+
+/* The stream layer's check of adopted captures (it retires those their owner ended):
+ * called before any guard is consulted while an adopted one is registered, with no lock of
+ * this file held. */
+void sci_guard_set_refresh(void (*refresh)(void));
 
 /* Register an open capture / take it off (then run the deferred releases if nothing
  * forbids them any more). */

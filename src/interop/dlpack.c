@@ -150,9 +150,12 @@ sc_status sc_buffer_from_dlpack_at(sc_context ctx, DLManagedTensorVersioned *ten
                         label, device_type_text(t->device.device_type),
                         (int)t->device.device_type);
     int device = -1;
-    sc_status s = sc_context_device(ctx, &device);
+    sci_context *c = NULL;
+    sc_status s = sci_context_acquire(ctx, fn, &c); /* names this function in its messages */
     if (s != SC_OK)
         return s;
+    device = c->device;
+    sci_context_release(c);
     if (t->device.device_id != device)
         return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
                         "'%s': a tensor of CUDA device %d; the context is on device %d", label,
@@ -311,7 +314,7 @@ static void note_consumer(const sci_export *e, sci_buffer *b, const char *fn)
         sci_context_enter(b->ctx, fn) == SC_OK) {
         sci_access acc = {&b->tracker, e->writable ? SCI_READ_WRITE : SCI_READ};
         struct sci_capture *cap = NULL;
-        sc_status s = sci_access_begin(&acc, 1, st, true, fn, &cap);
+        sc_status s = sci_access_begin(&acc, 1, st, false, fn, &cap); /* record only */
         if (s == SC_OK)
             s = sci_access_end(&acc, 1, st, cap, cap == NULL, fn);
         if (s != SC_OK)

@@ -41,6 +41,7 @@ struct sci_capture {
     bool broken;          /* a host allocation failed: the graph would miss an object */
     bool adopted;         /* begun by another library on a wrapped stream: never ended here */
     uint64_t driver_id;   /* the driver's id of an adopted capture */
+    CUstream origin_cu;   /* its origin's CUstream (the origin record may go first) */
     sci_capture *next;    /* the active list */
 };
 
@@ -114,8 +115,7 @@ void sci_capture_put(sci_capture *cap)
 
 bool sci_stream_is_capturing_now(sci_stream *stream)
 {
-    if (stream->wrapped)
-        sci_capture_sync_wrapped(stream, "");
+    sci_capture_sync(stream, "");
     pthread_mutex_lock(&capture_lock);
     bool capturing = stream->capture != NULL;
     pthread_mutex_unlock(&capture_lock);
@@ -203,8 +203,22 @@ static sc_status record_pre_capture(sci_stream *stream, const char *fn)
     if (r != CUDA_SUCCESS)
         return sci_context_fail_cu(stream->ctx, r, fn,
                                    "recording the stream's point before the capture failed");
-    stream->pre_capture_valid = true;
+    atomic_store(&stream->pre_capture_valid, true);
     return SC_OK;
+}
+
+sc_status sci_stream_mark_wrapped(sci_stream *stream, const char *fn)
+{
+    if (!stream->wrapped)
+        return SC_OK;
+    /* The caller saw the driver's capture state moments ago (an operation's resolve, or
+     * the wrap itself): safecuda's own record of it is enough here. */
+    pthread_mutex_lock(&capture_lock);
+    bool capturing = stream->capture != NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (capturing)
+        return SC_OK;
+    return record_pre_capture(stream, fn);
 }
 
 sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
@@ -232,6 +246,8 @@ sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
         capture_free(cap);
         return s;
     }
+    /* Registered (list and guard) under capture_lock: no other thread can retire it before
+     * its guard is in place. The guard's lock is taken inside capture_lock, never around. */
     pthread_mutex_lock(&capture_lock);
     cap->id = next_id++;
     cap->refs = 1;
@@ -239,7 +255,6 @@ sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
     cap->next = active_list;
     active_list = cap;
     stream->capture = cap;
-    pthread_mutex_unlock(&capture_lock);
     cap->guard.mode = mode;
     cap->guard.ctx = stream->ctx;
     cap->guard.thread = cap->thread;
@@ -248,6 +263,7 @@ sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
              (unsigned long long)cap->id, mode_names[mode], stream->obj.label,
              sci_basename(stream->obj.file), stream->obj.line);
     sci_guard_add(&cap->guard);
+    pthread_mutex_unlock(&capture_lock);
     return SC_OK;
 }
 
@@ -361,6 +377,20 @@ void sci_capture_abandon(sci_stream *stream, const char *fn)
         return;
     }
     sci_stream *origin = cap->origin;
+    if (cap->adopted && origin != stream) {
+        /* A stream that joined another library's capture leaves it alone; the capture goes
+         * on (the caller defers the stream's destroy until it ends). */
+        pthread_mutex_lock(&cap->lock);
+        for (size_t i = 0; i < cap->n_members; i++)
+            if (cap->members[i].stream == stream) {
+                cap->members[i] = cap->members[--cap->n_members];
+                break;
+            }
+        pthread_mutex_unlock(&cap->lock);
+        stream->capture = NULL;
+        pthread_mutex_unlock(&capture_lock);
+        return;
+    }
     retire_locked(cap);
     pthread_mutex_unlock(&capture_lock);
     if (cap->adopted) { /* another library's capture: it goes on, safecuda stops following */
@@ -394,6 +424,72 @@ bool sci_capture_is_adopted(sci_stream *stream)
     return adopted;
 }
 
+/* Retire adopted capture cap (referenced by the caller) if its owner ended it: the driver
+ * reports its origin stream capturing nothing, or another capture. */
+static void retire_if_ended(sci_capture *cap)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t driver_id = 0;
+    CUresult r = sci_cuStreamGetCaptureInfo(cap->origin_cu, &status, &driver_id);
+    /* An answer that is not CUDA_SUCCESS: the owner destroyed its stream, which ends its
+     * capture too. */
+    bool ended = r != CUDA_SUCCESS || status == CU_STREAM_CAPTURE_STATUS_NONE ||
+                 driver_id != cap->driver_id;
+    if (!ended)
+        return;
+    pthread_mutex_lock(&capture_lock);
+    bool retire = cap->active;
+    if (retire)
+        retire_locked(cap);
+    pthread_mutex_unlock(&capture_lock);
+    if (retire)
+        finish(cap, NULL);
+}
+
+/* core/guard.h's refresh: every adopted capture whose owner ended it is retired. */
+static void refresh_adopted(void)
+{
+    enum { MAX = 16 };
+    sci_capture *caps[MAX];
+    size_t n = 0;
+    pthread_mutex_lock(&capture_lock);
+    for (sci_capture *c = active_list; c && n < MAX; c = c->next)
+        if (c->adopted) {
+            c->refs++;
+            caps[n++] = c;
+        }
+    pthread_mutex_unlock(&capture_lock);
+    for (size_t i = 0; i < n; i++) {
+        retire_if_ended(caps[i]);
+        sci_capture_put(caps[i]);
+    }
+}
+
+__attribute__((constructor)) static void register_refresh(void)
+{
+    sci_guard_set_refresh(refresh_adopted);
+}
+
+void sci_capture_sync(sci_stream *stream, const char *fn)
+{
+    if (stream->wrapped) {
+        sci_capture_sync_wrapped(stream, fn);
+        return;
+    }
+    /* One of safecuda's own streams that joined an adopted capture (a fork). */
+    pthread_mutex_lock(&capture_lock);
+    sci_capture *cap = stream->capture;
+    if (cap && cap->adopted)
+        cap->refs++;
+    else
+        cap = NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (!cap)
+        return;
+    retire_if_ended(cap);
+    sci_capture_put(cap);
+}
+
 void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
 {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -405,7 +501,7 @@ void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
     /* An adopted capture that its owner ended (or replaced): stop following it. */
     pthread_mutex_lock(&capture_lock);
     sci_capture *old = stream->capture;
-    if (old && old->adopted && (!capturing || old->driver_id != driver_id))
+    if (old && old->adopted && old->active && (!capturing || old->driver_id != driver_id))
         retire_locked(old);
     else
         old = NULL;
@@ -421,20 +517,27 @@ void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
     if (!cap || !add_member(cap, stream)) {
         free(cap);
         sci_log(SC_LOG_WARN, "%s: out of host memory while adopting the capture of wrapped "
-                "stream '%s': its work is ordered as outside a capture", fn, stream->obj.label);
+                "stream '%s': its work is ordered as outside a capture",
+                fn[0] ? fn : "safecuda", stream->obj.label);
         return;
     }
     pthread_mutex_init(&cap->lock, NULL);
     cap->ctx = stream->ctx;
     cap->origin = stream;
+    cap->origin_cu = stream->cu;
     cap->mode = CU_STREAM_CAPTURE_MODE_GLOBAL; /* the driver doesn't say: the strictest */
     cap->thread = pthread_self();
     cap->adopted = true;
     cap->driver_id = driver_id;
+    cap->guard.mode = cap->mode;
+    cap->guard.ctx = stream->ctx;
+    cap->guard.thread = cap->thread;
+    cap->guard.adopted = true;
     pthread_mutex_lock(&capture_lock);
-    sci_capture *joined = NULL;
+    bool installed = false;
     if (!stream->capture) {
         /* The same driver capture adopted through another wrapped stream: join it. */
+        sci_capture *joined = NULL;
         for (sci_capture *c = active_list; c && !joined; c = c->next)
             if (c->adopted && c->driver_id == driver_id && c->ctx == stream->ctx)
                 joined = c;
@@ -442,10 +545,8 @@ void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
             pthread_mutex_lock(&joined->lock);
             bool ok = add_member(joined, stream);
             pthread_mutex_unlock(&joined->lock);
-            if (ok) {
+            if (ok)
                 stream->capture = joined;
-                stream->pre_capture_valid = false;
-            }
         } else {
             cap->id = next_id++;
             cap->refs = 1;
@@ -453,23 +554,18 @@ void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
             cap->next = active_list;
             active_list = cap;
             stream->capture = cap;
-            stream->pre_capture_valid = false;
+            snprintf(cap->guard.what, sizeof cap->guard.what,
+                     "capture %llu (begun by another library on wrapped stream '%s', created "
+                     "at %s:%d)",
+                     (unsigned long long)cap->id, stream->obj.label,
+                     sci_basename(stream->obj.file), stream->obj.line);
+            sci_guard_add(&cap->guard); /* under capture_lock, as in sci_capture_begin */
+            installed = true;
         }
     }
-    bool installed = stream->capture == cap;
     pthread_mutex_unlock(&capture_lock);
-    if (!installed) {
+    if (!installed)
         capture_free(cap);
-        return;
-    }
-    cap->guard.mode = cap->mode;
-    cap->guard.ctx = stream->ctx;
-    cap->guard.thread = cap->thread;
-    snprintf(cap->guard.what, sizeof cap->guard.what,
-             "capture %llu (begun by another library on wrapped stream '%s', created at %s:%d)",
-             (unsigned long long)cap->id, stream->obj.label, sci_basename(stream->obj.file),
-             stream->obj.line);
-    sci_guard_add(&cap->guard);
 }
 
 /* ---- waits on events: forks, and the waits a capture can't contain ------------------------ */

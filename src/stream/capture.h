@@ -51,6 +51,13 @@ sc_status sci_capture_refuse_stream(sci_stream *stream, const char *fn, const ch
  * sci_capture_begin, in global mode, the strictest) or retire the one adopted before
  * when it has ended. Called where a wrapped stream is resolved for an operation. */
 void sci_capture_sync_wrapped(sci_stream *stream, const char *fn);
+/* For any stream: the wrapped-stream check above, and for a stream that joined an adopted
+ * capture (a fork), its retirement once the owner ended it. Cheap when neither applies. */
+void sci_capture_sync(sci_stream *stream, const char *fn);
+/* Record the wrapped stream's point after safecuda's latest work on it (its pre_capture
+ * event), unless it captures: what a wait for that work uses if its owner begins a
+ * capture later (nothing can be recorded on a capturing stream). */
+sc_status sci_stream_mark_wrapped(sci_stream *stream, const char *fn);
 /* Whether stream takes part in a capture another library began (adopted). */
 bool sci_capture_is_adopted(sci_stream *stream);
 

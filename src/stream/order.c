@@ -48,7 +48,7 @@ static sc_status ensure_event(sci_use *use, sci_context *ctx, const char *fn, bo
     sci_stream *s = (sci_stream *)obj;
     if (sci_stream_is_capturing_now(s)) {
         /* A capture another library began on a wrapped stream left no event behind. */
-        bool valid = s->pre_capture_valid;
+        bool valid = atomic_load(&s->pre_capture_valid);
         char label[64];
         snprintf(label, sizeof label, "%s", s->obj.label);
         *ev = s->pre_capture;
@@ -231,6 +231,13 @@ sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
     sc_status s = SC_OK;
     for (size_t i = 0; i < n && enqueued; i++) {
         sc_status r = record(acc[i].tracker, acc[i].mode, stream, fn);
+        if (s == SC_OK)
+            s = r;
+    }
+    /* A wrapped stream's owner may begin a capture at any time, after which nothing can be
+     * recorded there: its point after this work is recorded now, for later waits. */
+    if (enqueued && stream->wrapped && n) {
+        sc_status r = sci_stream_mark_wrapped(stream, fn);
         if (s == SC_OK)
             s = r;
     }

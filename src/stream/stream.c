@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/log.h"
 #include "driver/driver.h"
 #include "stream/capture.h"
 #include "stream/stream.h"
@@ -101,6 +102,14 @@ sc_status sc_stream_wrap_at(sc_context ctx, uint64_t cu_stream, const char *labe
     sc_status s = sci_context_acquire(ctx, fn, &c); /* checks health, makes it current */
     if (s != SC_OK)
         return s;
+    if (cu_stream == 2) {
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "'%s': the per-thread default stream (CU_STREAM_PER_THREAD) is another "
+                     "stream on every thread, and safecuda's handles may be used from any "
+                     "thread: wrap a stream of its own, or the legacy default stream (0)",
+                     label ? label : "");
+        goto out;
+    }
     CUstream cu = (CUstream)(uintptr_t)cu_stream;
     CUcontext owner = NULL;
     CUresult r = sci_cuStreamGetCtx(cu, &owner);
@@ -144,6 +153,17 @@ sc_status sc_stream_wrap_at(sc_context ctx, uint64_t cu_stream, const char *labe
     st->cu = cu;
     st->priority = priority;
     st->wrapped = true;
+    /* The point before any of safecuda's work on it (stands for the owner's work so far),
+     * unless its owner captures it now (that capture is adopted at its first use). */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (sci_cuStreamIsCapturing(cu, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)
+        s = sci_stream_mark_wrapped(st, fn);
+    if (s != SC_OK) {
+        if (st->pre_capture)
+            sci_cuEventDestroy(st->pre_capture);
+        free(st);
+        goto out;
+    }
     s = sci_registry_insert(&st->obj, SCI_KIND_STREAM, c->obj.id, label ? label : "wrapped",
                             file, line, fn);
     if (s != SC_OK) {
@@ -160,6 +180,10 @@ sc_status sc_stream_cu_handle(sc_stream stream, uint64_t *cu_stream)
 {
     static const char fn[] = "sc_stream_cu_handle";
     SCI_CHECK_PTR(fn, cu_stream);
+    if (stream.id == 0)
+        return sci_fail(SC_ERR_STALE_HANDLE, fn,
+                        "SC_DEFAULT_STREAM names no context: take the default stream's handle "
+                        "with sc_context_default_stream");
     sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_STREAM, stream.id, fn, &obj);
     if (s != SC_OK)
@@ -236,8 +260,7 @@ sc_status sci_stream_acquire(sc_stream h, const char *fn, sci_stream **out)
         sci_registry_release(obj);
         return s;
     }
-    if (st->wrapped)
-        sci_capture_sync_wrapped(st, fn);
+    sci_capture_sync(st, fn);
     *out = st;
     return SC_OK;
 }
@@ -263,8 +286,7 @@ sc_status sci_stream_resolve(sc_stream h, sci_context *ctx, const char *fn, sci_
                         sci_basename(st->ctx->obj.file), st->ctx->obj.line, ctx->device,
                         sci_basename(ctx->obj.file), ctx->obj.line);
     }
-    if (st->wrapped)
-        sci_capture_sync_wrapped(st, fn);
+    sci_capture_sync(st, fn);
     *out = st;
     return SC_OK;
 }
@@ -287,6 +309,15 @@ sc_status sc_context_default_stream(sc_context ctx, sc_stream *stream)
     }
     sci_context_release(c);
     return s;
+}
+
+static void destroy_cu_stream(void *cu)
+{
+    CUresult r = sci_cuStreamDestroy((CUstream)cu);
+    if (r != CUDA_SUCCESS)
+        sci_log(SC_LOG_WARN, "cuStreamDestroy of a stream that took part in another library's "
+                "capture, deferred until that capture ended, failed: %s",
+                sci_cu_error_name(r));
 }
 
 static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
@@ -318,14 +349,16 @@ static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
      * capture is abandoned first, and the stream destroyed as usual. A capture another
      * library began on a wrapped stream is that library's: safecuda only stops following
      * it, and can't wait for the stream while it captures. */
-    if (st->wrapped) /* its owner may have begun a capture since safecuda last used it */
-        sci_capture_sync_wrapped(st, fn);
-    bool foreign_capture = st->wrapped && sci_capture_is_adopted(st);
+    sci_capture_sync(st, fn); /* a capture its owner began or ended since the last use */
+    bool foreign_capture = sci_capture_is_adopted(st);
     sci_capture_abandon(st, fn);
     if (sci_release_live(&rl) && !foreign_capture) /* finish the queued work first */
         sci_release_check(&rl, sci_cuStreamSynchronize(st->cu),
                           "cuStreamSynchronize before destroy failed");
-    if (!st->wrapped) /* a wrapped CUstream stays its owner's */
+    if (!st->wrapped && foreign_capture) /* part of another library's capture: destroying it
+                                            now would invalidate that capture */
+        sci_guard_defer(destroy_cu_stream, st->cu);
+    else if (!st->wrapped) /* a wrapped CUstream stays its owner's */
         sci_release_check(&rl, sci_cuStreamDestroy(st->cu), "cuStreamDestroy failed");
     if (st->pre_capture)
         sci_release_check(&rl, sci_cuEventDestroy(st->pre_capture), "cuEventDestroy failed");

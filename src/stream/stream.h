@@ -17,7 +17,7 @@ typedef struct sci_stream {
                                      destroyed here; captures it begins are adopted */
     struct sci_capture *capture;  /* the capture it takes part in (stream/capture.c's lock) */
     CUevent pre_capture;          /* recorded just before it last joined a capture */
-    bool pre_capture_valid;       /* pre_capture holds the stream's work before its current
+    atomic_bool pre_capture_valid; /* pre_capture holds the stream's work before its current
                                      capture (false for a capture another library began) */
 } sci_stream;
 

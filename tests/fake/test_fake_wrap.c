@@ -107,6 +107,7 @@ static void test_wrap_checks(void)
     CHECK_OK(sc_context_default_stream(ctx, &def));
     CHECK_OK(sc_stream_cu_handle(def, &handle));
     CHECK_STATUS(sc_stream_cu_handle(SC_DEFAULT_STREAM, &handle), SC_ERR_STALE_HANDLE);
+    CHECK_MSG("sc_context_default_stream");
     CHECK_STATUS(sc_stream_cu_handle(own, NULL), SC_ERR_INVALID_ARGUMENT);
 
     /* The legacy and per-thread default streams can be wrapped (PyTorch's default
@@ -114,7 +115,9 @@ static void test_wrap_checks(void)
     sc_stream legacy = {0}, per_thread = {0}, legacy1 = {0};
     CHECK_OK(sc_stream_wrap(ctx, 0, NULL, &legacy));
     CHECK_OK(sc_stream_wrap(ctx, 1, NULL, &legacy1));
-    CHECK_OK(sc_stream_wrap(ctx, 2, "per-thread", &per_thread));
+    CHECK_STATUS(sc_stream_wrap(ctx, 2, "per-thread", &per_thread), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("per-thread default stream");
+    per_thread = legacy1;
     sc_buffer b = make_f32(64, "b");
     const float v = 3.0f;
     float back[64];
@@ -124,7 +127,6 @@ static void test_wrap_checks(void)
     CHECK_OK(sc_stream_synchronize(legacy));
     CHECK_OK(sc_stream_destroy(legacy));
     CHECK_OK(sc_stream_destroy(legacy1));
-    CHECK_OK(sc_stream_destroy(per_thread));
 
     /* Destroying the wrapper leaves the CUstream to its owner. */
     long streams = fake.live_streams();
@@ -200,17 +202,17 @@ static void test_foreign_capture(void)
     CHECK_OK(sc_copy_to_host(w, back, sizeof back, sc_view_of(a)));
     CHECK(back[0] == 1.0f && back[63] == 1.0f);
 
-    /* A buffer only ever used on the wrapped stream (no event recorded for it), the stream
-     * then captured by its owner, and a conflicting use on another stream during it: no
-     * event holds the earlier use. A buffer shared before has its event: that one waits. */
+    /* A buffer only ever used on the wrapped stream, the stream then captured by its owner,
+     * and a conflicting use on another stream during it: the point safecuda recorded on
+     * the wrapped stream after its last work there (nothing can be recorded once it
+     * captures) holds the earlier use, and the other stream waits for it. */
     sc_buffer d = {0};
     CHECK_OK(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_F32, .count = 64, .stream = w},
                               &d));
     CHECK_OK(sc_fill(w, sc_view_of(d), &two));
     CHECK_OK(sc_fill(w, sc_view_of(b), &two));
     REQUIRE(other.begin_capture(cu, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-    CHECK_STATUS(sc_fill(own, sc_view_of(d), &one), SC_ERR_CAPTURE);
-    CHECK_MSG("before the library that made that stream began capturing it");
+    CHECK_OK(sc_fill(own, sc_view_of(d), &one));
     CHECK_OK(sc_fill(own, sc_view_of(b), &one));
     /* Destroying the wrapper during the other library's capture leaves the capture alone. */
     CHECK_OK(sc_stream_destroy(w));
@@ -276,6 +278,59 @@ static void test_borrow_inside_foreign_capture(void)
     CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
 }
 
+/* Review findings on adopted captures: (1) once the owner ends its capture, safecuda's
+ * context-wide calls work again without the wrapped stream being touched; (2) one of
+ * safecuda's own streams forked into the capture leaves it with it; (3) destroying such
+ * a member during the capture leaves the owner's capture valid (its CUstream is destroyed
+ * once the capture has ended). */
+static void test_adopted_capture_lifetime(void)
+{
+    CUstream cu = foreign_stream();
+    sc_stream w = {0}, own = {0}, member = {0};
+    CHECK_OK(sc_stream_wrap(ctx, (uint64_t)(uintptr_t)cu, "torch", &w));
+    CHECK_OK(sc_stream_create(ctx, &(sc_stream_desc){.label = "forked"}, &own));
+    CHECK_OK(sc_stream_create(ctx, &(sc_stream_desc){.label = "member"}, &member));
+    sc_buffer a = make_f32(64, "a"), b = make_f32(64, "b");
+    sc_event fork = {0}, join = {0}, fork2 = {0};
+    CHECK_OK(sc_event_create(ctx, NULL, &fork));
+    CHECK_OK(sc_event_create(ctx, NULL, &join));
+    CHECK_OK(sc_event_create(ctx, NULL, &fork2));
+    const float one = 1.0f;
+
+    REQUIRE(other.begin_capture(cu, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHECK_OK(sc_fill(w, sc_view_of(a), &one));
+    CHECK_STATUS(sc_context_synchronize(ctx), SC_ERR_CAPTURE);
+    CHECK_OK(sc_event_record(fork, w));
+    CHECK_OK(sc_stream_wait(own, fork));   /* own joins the capture */
+    CHECK_OK(sc_fill(own, sc_view_of(b), &one));
+    CHECK_OK(sc_event_record(join, own));
+    CHECK_OK(sc_stream_wait(w, join));     /* and joins back */
+    CHECK_OK(sc_event_record(fork2, w));
+    CHECK_OK(sc_stream_wait(member, fork2));
+    CHECK_STATUS(sc_stream_synchronize(own), SC_ERR_CAPTURE);
+    long streams = fake.live_streams();
+    CHECK_OK(sc_stream_destroy(member));      /* forked in, never joined back */
+    CHECK(fake.live_streams() == streams);    /* its CUstream's destroy waits */
+    CUgraph cg = NULL;
+    CHECK(other.end_capture(cu, &cg) == CUDA_SUCCESS && cg); /* still valid */
+    if (cg)
+        CHECK(other.graph_destroy(cg) == CUDA_SUCCESS);
+    /* Nothing of safecuda's touched w since: the context-wide call sees the end. */
+    CHECK_OK(sc_context_synchronize(ctx));
+    CHECK(fake.live_streams() == streams - 1); /* the deferred destroy ran */
+    CHECK_OK(sc_stream_synchronize(own));      /* left the capture with it */
+    CHECK_OK(sc_fill(own, sc_view_of(b), &one));
+
+    CHECK_OK(sc_event_destroy(fork));
+    CHECK_OK(sc_event_destroy(join));
+    CHECK_OK(sc_event_destroy(fork2));
+    CHECK_OK(sc_buffer_destroy(a));
+    CHECK_OK(sc_buffer_destroy(b));
+    CHECK_OK(sc_stream_destroy(own));
+    CHECK_OK(sc_stream_destroy(w));
+    CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
+}
+
 /* A leaked wrapper is reported (as a wrapped stream) and forgotten, not destroyed. */
 static void test_leak(void)
 {
@@ -306,6 +361,7 @@ int main(void)
     TEST_RUN(test_ordering);
     TEST_RUN(test_foreign_capture);
     TEST_RUN(test_borrow_inside_foreign_capture);
+    TEST_RUN(test_adopted_capture_lifetime);
     TEST_RUN(test_leak);
     size_t live = 99;
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));
