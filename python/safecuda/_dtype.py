@@ -78,7 +78,7 @@ def as_dtype(value):
     if isinstance(value, int) and not isinstance(value, bool):
         return DType(value)
     if isinstance(value, str):
-        d = _NAMES.get(value.lower())
+        d = _NAMES.get(value.lower().replace("torch.", "").replace("numpy.", ""))
         if d is None:
             raise ValueError(f"unknown dtype '{value}' (safecuda has: "
                              f"{', '.join(t[1] for t in _TABLE)})")
