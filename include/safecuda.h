@@ -279,9 +279,11 @@ SC_API sc_status sc_context_live_report(sc_context ctx, size_t *count);
 typedef struct sc_memory_stats {
     uint64_t bytes_in_use;   /* bytes of the context's live buffers, plus those of destroyed
                                 buffers whose free the driver refused (it still holds them:
-                                they count against the budget until the context goes) */
+                                they count against the budget until the context goes) and
+                                of destroyed buffers that DLPack exports still hold (until
+                                the last deleter) */
     uint64_t peak_bytes;     /* the most bytes_in_use has been since the context began */
-    uint64_t live_buffers;
+    uint64_t live_buffers;   /* borrowed ones and export-held ones included */
     uint64_t vram_budget;    /* 0 = none */
     uint64_t pool_reserved;  /* device memory the context's pool holds (in use + cached) */
     uint64_t pinned_bytes;   /* bytes of the context's live pinned host buffers, plus those

@@ -30,6 +30,11 @@
  *     memory is the total minus the live device allocations minus the bytes the pools
  *     cache (a real pool holds those too), and an allocation that does not fit is
  *     CUDA_ERROR_OUT_OF_MEMORY;
+ *   - cuPointerGetAttribute answers the memory type, managed flag, device ordinal, context,
+ *     device pointer and range (start and size) of the live allocation an address falls in
+ *     (CUDA_ERROR_INVALID_VALUE elsewhere: pageable or freed memory); tests can make it
+ *     describe an allocation as host, managed, another device's or another context's
+ *     memory (safecuda_testdevice_set_pointer_attributes);
  *   - streams are synchronous: every copy, memset and host function runs at once;
  *   - modules from PTX text only: `.entry NAME(` blocks and their `.param` lines give each
  *     kernel's parameter offsets and sizes (so the library's launch checks work);
@@ -763,7 +768,7 @@ static CUresult device_alloc(CUdeviceptr *p, size_t n, fake_pool *pool, const ch
     void *mem = NULL;
     if (posix_memalign(&mem, 256, n) != 0 || !mem)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!push_alloc((fake_alloc){(uintptr_t)mem, n, 0, pool})) {
+    if (!push_alloc((fake_alloc){.base = (uintptr_t)mem, .size = n, .pool = pool})) {
         free(mem);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1034,7 +1039,7 @@ static CUresult f_cuMemHostAlloc(void **p, size_t n, unsigned flags)
         if (n > host_limit || host_used > host_limit - n ||
             posix_memalign(&mem, 4096, n) != 0 || !mem) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else if (!push_alloc((fake_alloc){(uintptr_t)mem, n, 1, NULL})) {
+        } else if (!push_alloc((fake_alloc){.base = (uintptr_t)mem, .size = n, .is_host = 1})) {
             free(mem);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
@@ -1069,20 +1074,55 @@ static CUresult f_cuMemFreeHost(void *p)
     return r;
 }
 
+/* A context that is not the primary one, for allocations a test marks as another
+ * context's (only its address is used). */
+static fake_ctx foreign_ctx = {CTX_MAGIC, 1};
+
+/* The attributes safecuda asks about (CU_POINTER_ATTRIBUTE_*): the truth about the live
+ * allocation that contains p, or what a test set. An address in no live allocation
+ * (pageable memory, freed memory) is CUDA_ERROR_INVALID_VALUE, as CUDA answers; another
+ * attribute is CUDA_ERROR_INVALID_VALUE too (not misuse: the test device knows only these). */
 static CUresult f_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 {
+    static const char fn[] = "cuPointerGetAttribute";
     pthread_mutex_lock(&lock);
-    CUresult r = need_init("cuPointerGetAttribute");
+    CUresult r = need_init(fn);
+    fake_alloc *a = NULL;
     if (r == CUDA_SUCCESS && !data)
-        r = bad(CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", "NULL data");
-    else if (r == CUDA_SUCCESS && attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "NULL data");
+    else if (r == CUDA_SUCCESS && !(a = find_alloc((uintptr_t)p)))
+        r = CUDA_ERROR_INVALID_VALUE; /* pageable or unknown memory, as CUDA */
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&lock);
+        return r;
+    }
+    const unsigned type = a->attrs_set ? a->memory_type : a->is_host ? CU_MEMORYTYPE_HOST
+                                                                      : CU_MEMORYTYPE_DEVICE;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = type;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned char *)data = (unsigned char)(a->attrs_set && a->managed); /* a bool */
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = a->attrs_set ? a->ordinal : 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = (CUcontext)(void *)(a->attrs_set && a->foreign_context ? &foreign_ctx
+                                                                                   : &primary);
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = p; /* one address space (UVA): the same address */
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = (size_t)a->size;
+        break;
+    default:
         r = CUDA_ERROR_INVALID_VALUE;
-    else if (r == CUDA_SUCCESS) {
-        fake_alloc *a = find_alloc((uintptr_t)p);
-        if (!a)
-            r = CUDA_ERROR_INVALID_VALUE; /* pageable or unknown memory, as CUDA */
-        else
-            *(unsigned *)data = a->is_host ? CU_MEMORYTYPE_HOST : 2 /* CU_MEMORYTYPE_DEVICE */;
     }
     pthread_mutex_unlock(&lock);
     return r;
@@ -2490,6 +2530,27 @@ COUNTER(long, safecuda_testdevice_active_captures, td_active_captures())
 
 /* The last misuse's description ("" if none). */
 EXPORT const char *safecuda_testdevice_last_misuse(void) { return last_misuse; }
+
+/* Tests: make cuPointerGetAttribute describe the live allocation that starts at base as
+ * memory_type (CU_MEMORYTYPE_*), managed or not, of device ordinal, in another context than
+ * the primary one (foreign_context), so that a test reaches the refusals a one-device host
+ * double otherwise never shows. 0 when base starts no live allocation. */
+EXPORT int safecuda_testdevice_set_pointer_attributes(unsigned long long base, int memory_type,
+                                                      int managed, int ordinal,
+                                                      int foreign_context)
+{
+    pthread_mutex_lock(&lock);
+    fake_alloc *a = find_base((uintptr_t)base);
+    if (a) {
+        a->attrs_set = 1;
+        a->memory_type = (unsigned)memory_type;
+        a->managed = managed;
+        a->ordinal = ordinal;
+        a->foreign_context = foreign_context;
+    }
+    pthread_mutex_unlock(&lock);
+    return a != NULL;
+}
 
 /* Opt in to CUDA's behaviour on the primary context's last release: its device memory
  * is freed (counted by safecuda_testdevice_reclaimed_allocations). Off by default, so leaks show. */

@@ -40,6 +40,12 @@ typedef struct fake_alloc {
     uint64_t size;
     int is_host;
     struct fake_pool *pool; /* NULL for cuMemAlloc / host */
+    /* What cuPointerGetAttribute says about it, when a test asked for something else than
+     * the truth (safecuda_testdevice_set_pointer_attributes): another memory type, managed
+     * memory, another device, another context. */
+    int attrs_set;
+    unsigned memory_type;
+    int managed, ordinal, foreign_context;
 } fake_alloc;
 
 typedef struct fake_stream {

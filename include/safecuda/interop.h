@@ -75,10 +75,13 @@ typedef struct sc_borrow_desc {
      * writes; and at destroy that stream is made to wait for safecuda's uses before
      * release runs, so the owner may reuse the memory in its own stream order at once.
      * Zero: the context's default stream for the first, and at destroy the host waits for
-     * safecuda's uses before release runs. */
+     * safecuda's uses before release runs (so does a destroy that finds the stream
+     * destroyed, or capturing). */
     sc_stream stream;
-    bool read_only;      /* refuse every write (out / inout arguments, copy or fill
-                            destinations, MoE outputs): SC_ERR_INVALID_ARGUMENT */
+    bool read_only;      /* refuse every write (out / inout and tensor-map-out arguments,
+                            copy or fill destinations, MoE outputs, captured writes, a
+                            writable DLPack export): SC_ERR_INVALID_ARGUMENT, before
+                            anything is enqueued */
     sc_release_fn release;  /* may be NULL: nothing is called */
     void *release_user;
 } sc_borrow_desc;
@@ -91,7 +94,9 @@ typedef struct sc_borrow_desc {
  * count, an invalid dtype, host or managed memory, a read_only buffer written),
  * SC_ERR_OUT_OF_BOUNDS (past the allocation's end), SC_ERR_WRONG_CONTEXT (memory of
  * another device or context), SC_ERR_OVERFLOW. On failure release is not called: the
- * caller still owns the memory. Use the macro. */
+ * caller still owns the memory. A borrowed buffer counts in sc_memory_stats.live_buffers
+ * and borrowed_bytes, is listed and leak-reported as a buffer ("borrowed" in its detail),
+ * and is named "borrowed buffer 'label'" in messages. Use the macro. */
 SC_API sc_status sc_buffer_borrow_at(sc_context ctx, uint64_t device_ptr,
                                      const sc_borrow_desc *desc, sc_buffer *buffer,
                                      const char *file, int line);
@@ -123,7 +128,12 @@ typedef struct sc_dlpack_import_desc {
  * have any stride); at least one element; data + byte_offset aligned to the element size;
  * then everything sc_buffer_borrow checks. The tensor's READ_ONLY flag makes the buffer
  * read-only. On SC_OK the buffer owns the tensor: its deleter runs exactly once, when the
- * buffer goes. On failure the caller still owns it (its deleter is not called). */
+ * buffer goes (as sc_borrow_desc.release: after safecuda's uses, see its stream). On
+ * failure the caller still owns it (its deleter is not called). The buffer's label is
+ * desc->label. Statuses: SC_ERR_INVALID_ARGUMENT (another major version, another device
+ * type, a non-compact layout, NULL data, no elements, a negative extent, a misaligned
+ * data + byte_offset), SC_ERR_WRONG_CONTEXT (device_id is not ctx's device),
+ * SC_ERR_TYPE_MISMATCH, SC_ERR_OVERFLOW, and those of sc_buffer_borrow. */
 SC_API sc_status sc_buffer_from_dlpack_at(sc_context ctx, DLManagedTensorVersioned *tensor,
                                           const sc_dlpack_import_desc *desc, sc_buffer *buffer,
                                           const char *file, int line);
@@ -144,15 +154,23 @@ typedef struct sc_dlpack_export_desc {
 } sc_dlpack_export_desc;
 
 /* Export view as a new DLManagedTensorVersioned (version 1.1, kDLCUDA, the view's device
- * address, dtype and shape, compact strides). The buffer's memory stays allocated until
+ * address with byte_offset 0, dtype and shape, explicit compact strides). desc may be NULL
+ * (one dimension, writable, the host waits). The buffer's memory stays allocated until
  * the consumer calls tensor->deleter(tensor), which it must do exactly once, from any
- * thread, at any time (also after the buffer or the context is destroyed). A context
- * destroyed while exports are held reports each one (the buffer, and where it was
- * exported) and frees the memory: the tensors then dangle (their deleter stays safe to
- * call). Statuses: SC_ERR_INVALID_ARGUMENT (ndim outside 0 .. 8, an extent < 1, a shape
- * whose product is not the view's count, a read-only buffer exported writable), the view
- * statuses, SC_ERR_HOST_OUT_OF_MEMORY. Use the macro: it records where the export was
- * made. */
+ * thread, at any time (also after the buffer or the context is destroyed); the deleter
+ * leaves the calling thread's last error and current CUDA context as they were. When
+ * desc->stream was given and still exists at that call, the deleter counts the consumer's
+ * use of the memory on it: safecuda's later conflicting work on the buffer, and its free,
+ * wait for what the consumer queued there before calling the deleter. Until its deleter
+ * runs, an export is an object of the buffer's context ("dlpack export" in
+ * sc_context_live_objects and the leak report, labelled as the buffer, created where the
+ * export was made). A context destroyed while exports are held reports each one (the
+ * buffer, and where it was exported), frees the memory and returns SC_ERR_LEAKED: the
+ * tensors then dangle (their deleter stays safe to call, and only frees the tensor).
+ * Statuses: SC_ERR_INVALID_ARGUMENT (ndim outside 0 .. 8, an extent < 1, a shape whose
+ * product is not the view's count, a read-only buffer exported writable), the view
+ * statuses, SC_ERR_WRONG_CONTEXT (desc->stream of another context),
+ * SC_ERR_HOST_OUT_OF_MEMORY. Use the macro: it records where the export was made. */
 SC_API sc_status sc_view_to_dlpack_at(sc_view view, const sc_dlpack_export_desc *desc,
                                       DLManagedTensorVersioned **tensor, const char *file,
                                       int line);

@@ -24,6 +24,7 @@ typedef struct sci_context {
     uint64_t peak_bytes;
     uint64_t live_buffers;
     uint64_t pinned_bytes;
+    uint64_t borrowed_bytes;     /* borrowed buffers' (src/interop/): not in bytes_in_use */
     CUmemoryPool pool;           /* created by src/memory/ on first use */
     uint64_t default_stream_id;  /* created by src/stream/ on first use */
     uint64_t service_stream_id;  /* likewise (see sci_context_service_stream) */

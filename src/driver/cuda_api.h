@@ -198,10 +198,25 @@ enum {
     CU_EVENT_DEFAULT = 0,
     CU_EVENT_BLOCKING_SYNC = 1,
     CU_EVENT_DISABLE_TIMING = 2,
-    CU_MEMHOSTALLOC_PORTABLE = 1,
-    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-    CU_MEMORYTYPE_HOST = 1
+    CU_MEMHOSTALLOC_PORTABLE = 1
 };
+
+/* cuPointerGetAttribute: the attributes safecuda asks for (and the size of each answer). */
+typedef enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,          /* CUcontext */
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,      /* unsigned (CUmemorytype) */
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,   /* CUdeviceptr */
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,       /* a boolean (read into a zeroed unsigned) */
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,   /* int */
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, /* CUdeviceptr */
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12       /* size_t */
+} CUpointer_attribute;
+typedef enum {
+    CU_MEMORYTYPE_HOST = 1,
+    CU_MEMORYTYPE_DEVICE = 2,
+    CU_MEMORYTYPE_ARRAY = 3,
+    CU_MEMORYTYPE_UNIFIED = 4
+} CUmemorytype;
 
 /* ---- driver entry points --------------------------------------------------------------
  * X(name, cuda version to resolve with, required?, parameter list, argument list) */

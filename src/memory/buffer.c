@@ -1,4 +1,5 @@
 /* Device buffers and views. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -9,8 +10,9 @@
 static void describe_buffer(const sci_object *obj, sc_object_info *info)
 {
     const sci_buffer *b = (const sci_buffer *)obj;
-    snprintf(info->detail, sizeof info->detail, "%llu x %s", (unsigned long long)b->count,
-             sc_dtype_name(b->dtype));
+    snprintf(info->detail, sizeof info->detail, "%llu x %s%s%s", (unsigned long long)b->count,
+             sc_dtype_name(b->dtype), b->borrowed ? ", borrowed" : "",
+             b->tracker.read_only ? ", read-only" : "");
     info->bytes = b->bytes;
 }
 
@@ -28,10 +30,38 @@ __attribute__((constructor)) static void register_buffer_kind(void)
 
 const char *sci_buffer_describe(const sci_buffer *b, char *buf, size_t size)
 {
-    snprintf(buf, size, "buffer '%s' of %llu %s (created at %s:%d)", b->obj.label,
-             (unsigned long long)b->count, sc_dtype_name(b->dtype), sci_basename(b->obj.file),
-             b->obj.line);
+    snprintf(buf, size, "%sbuffer '%s' of %llu %s (created at %s:%d)",
+             b->borrowed ? "borrowed " : "", b->obj.label, (unsigned long long)b->count,
+             sc_dtype_name(b->dtype), sci_basename(b->obj.file), b->obj.line);
     return buf;
+}
+
+/* The tracker's description of its buffer (order.h: for the read-only refusal). */
+static const char *describe_tracked(const sci_tracker *t, char *buf, size_t size)
+{
+    const sci_buffer *b =
+        (const sci_buffer *)(const void *)((const char *)t - offsetof(sci_buffer, tracker));
+    return sci_buffer_describe(b, buf, size);
+}
+
+sc_status sci_buffer_publish(sci_buffer *b, bool read_only, sci_stream *first_writer,
+                             const char *label, const char *file, int line, const char *fn)
+{
+    /* The tracker is ready before the record is published. The first use is a write on
+     * first_writer (the allocation and its zeroing, or the owner's writes). */
+    sci_tracker_init(&b->tracker, 0);
+    b->tracker.describe = describe_tracked;
+    b->tracker.read_only = read_only;
+    b->tracker.write.stream_id = first_writer->obj.id;
+    b->tracker.write.cu = first_writer->cu;
+    sc_status s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, b->ctx->obj.id, label, file,
+                                      line, fn);
+    if (s != SC_OK) {
+        sci_tracker_destroy(&b->tracker); /* no event yet: nothing for the driver */
+        return s;
+    }
+    b->tracker.owner_id = b->obj.id; /* the lock order; before the caller hands out the id */
+    return SC_OK;
 }
 
 sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buffer *buffer,
@@ -94,18 +124,13 @@ sc_status sc_buffer_create_at(sc_context ctx, const sc_buffer_desc *desc, sc_buf
     b->dtype = desc->dtype;
     b->count = desc->count;
     b->bytes = bytes;
-    s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, c->obj.id, label, file, line, fn);
+    s = sci_buffer_publish(b, false, st, label, file, line, fn);
     if (s != SC_OK) {
         s = sci_context_cleanup_cu(c, s, sci_device_free(c, st->cu, b->ptr, bytes),
                                    "cuMemFreeAsync");
         free(b);
         goto out;
     }
-    /* The allocation (and the zeroing) is the buffer's first write, on st. Nothing else
-     * can reach the tracker yet: no lock needed. */
-    sci_tracker_init(&b->tracker, b->obj.id);
-    b->tracker.write.stream_id = st->obj.id;
-    b->tracker.write.cu = st->cu;
     buffer->id = b->obj.id;
 out:
     sci_stream_release(st);
@@ -131,6 +156,89 @@ static sc_status free_stream(sci_buffer *b, const char *fn, sci_stream **out)
     return sci_context_service_stream(b->ctx, fn, out);
 }
 
+/* A borrowed buffer's memory goes back to its owner: the owner stream (if it still exists
+ * and is not capturing) is made to wait for every use, else the host waits for them; then
+ * release runs, once, whatever the driver answered (on a lost context the work is gone). */
+static void release_borrowed(sci_buffer *b, sci_release *rl, const char *fn)
+{
+    sci_context *c = b->ctx;
+    if (sci_release_live(rl)) {
+        bool ordered = false;
+        sci_object *obj = NULL;
+        if (b->owner_stream_id &&
+            sci_registry_acquire(SCI_KIND_STREAM, b->owner_stream_id, fn, &obj) == SC_OK) {
+            sci_stream *owner = (sci_stream *)obj;
+            if (!sci_stream_is_capturing_now(owner)) {
+                pthread_mutex_lock(&b->tracker.lock);
+                sc_status f = sci_tracker_order_all(&b->tracker, owner, fn);
+                pthread_mutex_unlock(&b->tracker.lock);
+                sci_release_status(rl, f);
+                ordered = f == SC_OK;
+            }
+            sci_stream_release(owner);
+        }
+        if (!ordered && sci_release_live(rl)) {
+            sc_status f = sci_tracker_host_wait(&b->tracker, c, false, fn);
+            sci_release_status(rl, f);
+            if (f != SC_OK && sci_release_live(rl) && !sci_guard_context_busy(c))
+                sci_release_tolerate(rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
+        }
+    }
+    pthread_mutex_lock(&c->lock);
+    c->borrowed_bytes -= b->bytes;
+    c->live_buffers--;
+    pthread_mutex_unlock(&c->lock);
+    if (b->release)
+        b->release(b->release_user); /* no lock held: it may call anything but b's context */
+}
+
+/* Free the memory of a buffer that is off the registry (stream-ordered after every use on
+ * every stream), or give borrowed memory back; then free the record. */
+static sc_status buffer_free(sci_buffer *b, const char *fn)
+{
+    sci_context *c = b->ctx;
+    sci_release rl;
+    sci_release_begin(&rl, c, fn);
+    sci_release_make_current(&rl);
+    if (b->borrowed) {
+        release_borrowed(b, &rl, fn);
+    } else {
+        CUstream on = NULL;
+        sci_stream *st = NULL;
+        if (sci_release_live(&rl)) {
+            /* Free stream-ordered after every use on every stream. */
+            sc_status f = free_stream(b, fn, &st);
+            sci_release_status(&rl, f);
+            if (f == SC_OK) {
+                pthread_mutex_lock(&b->tracker.lock);
+                f = sci_tracker_order_all(&b->tracker, st, fn);
+                pthread_mutex_unlock(&b->tracker.lock);
+                sci_release_status(&rl, f);
+                on = st->cu;
+            }
+            if (f != SC_OK && sci_release_live(&rl) && !sci_guard_context_busy(c)) {
+                /* can't order the free: wait for all */
+                sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
+                on = NULL;
+            }
+        }
+        /* On a lost context this only takes the buffer off the accounting. */
+        CUresult r = sci_device_free(c, on, b->ptr, b->bytes);
+        sci_release_check(&rl, r, "cuMemFreeAsync(%llu bytes) failed: the driver keeps them",
+                          (unsigned long long)b->bytes);
+        if (st)
+            sci_stream_release(st);
+    }
+    sci_release_check(&rl, sci_tracker_destroy(&b->tracker),
+                      "cuEventDestroy of an ordering event failed");
+    free(b);
+    return sci_release_end(&rl);
+}
+
+/* Guards sci_buffer.exports and .destroyed (rarely taken: exports, their drops, and the
+ * destroys of buffers). */
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static sc_status buffer_destroy(uint64_t id, const char *fn)
 {
     sci_object *obj = NULL;
@@ -138,39 +246,54 @@ static sc_status buffer_destroy(uint64_t id, const char *fn)
     if (s != SC_OK)
         return s;
     sci_buffer *b = (sci_buffer *)obj;
-    sci_context *c = b->ctx;
-    sci_release rl;
-    sci_release_begin(&rl, c, fn);
-    sci_release_make_current(&rl);
-    CUstream on = NULL;
-    sci_stream *st = NULL;
-    if (sci_release_live(&rl)) {
-        /* Free stream-ordered after every use on every stream. */
-        sc_status f = free_stream(b, fn, &st);
-        sci_release_status(&rl, f);
-        if (f == SC_OK) {
-            pthread_mutex_lock(&b->tracker.lock);
-            f = sci_tracker_order_all(&b->tracker, st, fn);
-            pthread_mutex_unlock(&b->tracker.lock);
-            sci_release_status(&rl, f);
-            on = st->cu;
-        }
-        if (f != SC_OK && sci_release_live(&rl) && !sci_guard_context_busy(c)) {
-            /* can't order the free: wait for all */
-            sci_release_tolerate(&rl, sci_cuCtxSynchronize(), "cuCtxSynchronize failed");
-            on = NULL;
-        }
-    }
-    /* On a lost context this only takes the buffer off the accounting. */
-    CUresult r = sci_device_free(c, on, b->ptr, b->bytes);
-    sci_release_check(&rl, r, "cuMemFreeAsync(%llu bytes) failed: the driver keeps them",
-                      (unsigned long long)b->bytes);
-    if (st)
-        sci_stream_release(st);
-    sci_release_check(&rl, sci_tracker_destroy(&b->tracker),
-                      "cuEventDestroy of an ordering event failed");
-    free(b);
-    return sci_release_end(&rl);
+    /* No export can be added from now on (it needs a reference to the buffer). */
+    pthread_mutex_lock(&hold_lock);
+    const bool held = b->exports > 0;
+    b->destroyed = held;
+    pthread_mutex_unlock(&hold_lock);
+    if (held) /* the last export's drop frees the memory */
+        return SC_OK;
+    return buffer_free(b, fn);
+}
+
+void sci_buffer_export_hold(sci_buffer *b)
+{
+    pthread_mutex_lock(&hold_lock);
+    b->exports++;
+    pthread_mutex_unlock(&hold_lock);
+}
+
+sc_status sci_buffer_export_drop(sci_buffer *b, const char *fn)
+{
+    pthread_mutex_lock(&hold_lock);
+    const bool last = --b->exports == 0 && b->destroyed;
+    pthread_mutex_unlock(&hold_lock);
+    return last ? buffer_free(b, fn) : SC_OK;
+}
+
+uint32_t sci_buffer_exports(sci_buffer *b)
+{
+    pthread_mutex_lock(&hold_lock);
+    uint32_t n = b->exports;
+    pthread_mutex_unlock(&hold_lock);
+    return n;
+}
+
+sc_status sci_buffer_check_writable(sc_buffer buffer, const char *fn, const char *what)
+{
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_BUFFER, buffer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    const sci_buffer *b = (const sci_buffer *)obj;
+    char desc[200];
+    if (b->tracker.read_only)
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "%s: %s is read-only (borrowed or imported read-only): it can't be "
+                     "written",
+                     what, sci_buffer_describe(b, desc, sizeof desc));
+    sci_registry_release(obj);
+    return s;
 }
 
 sc_status sci_buffer_destroy(uint64_t id, const char *fn)

@@ -1,15 +1,20 @@
-/* Element types. */
-#include "safecuda.h"
+/* Element types: the one table that names them, sizes them and maps them to DLPack. */
+#include "memory/dtype.h"
+#include "safecuda/dlpack.h"
 
 static const struct {
     size_t size;
     const char *name;
+    uint8_t dl_code; /* DLDataTypeCode */
+    uint8_t dl_bits;
 } dtypes[SC_DTYPE_COUNT] = {
-    [SC_DTYPE_INVALID] = {0, "invalid"},
-    [SC_U8] = {1, "u8"},     [SC_I8] = {1, "i8"},     [SC_U16] = {2, "u16"},
-    [SC_I16] = {2, "i16"},   [SC_U32] = {4, "u32"},   [SC_I32] = {4, "i32"},
-    [SC_U64] = {8, "u64"},   [SC_I64] = {8, "i64"},   [SC_F16] = {2, "f16"},
-    [SC_BF16] = {2, "bf16"}, [SC_F32] = {4, "f32"},   [SC_F64] = {8, "f64"},
+    [SC_DTYPE_INVALID] = {0, "invalid", 0, 0},
+    [SC_U8] = {1, "u8", kDLUInt, 8},       [SC_I8] = {1, "i8", kDLInt, 8},
+    [SC_U16] = {2, "u16", kDLUInt, 16},    [SC_I16] = {2, "i16", kDLInt, 16},
+    [SC_U32] = {4, "u32", kDLUInt, 32},    [SC_I32] = {4, "i32", kDLInt, 32},
+    [SC_U64] = {8, "u64", kDLUInt, 64},    [SC_I64] = {8, "i64", kDLInt, 64},
+    [SC_F16] = {2, "f16", kDLFloat, 16},   [SC_BF16] = {2, "bf16", kDLBfloat, 16},
+    [SC_F32] = {4, "f32", kDLFloat, 32},   [SC_F64] = {8, "f64", kDLFloat, 64},
 };
 
 size_t sc_dtype_size(sc_dtype dtype)
@@ -20,4 +25,21 @@ size_t sc_dtype_size(sc_dtype dtype)
 const char *sc_dtype_name(sc_dtype dtype)
 {
     return (unsigned)dtype < SC_DTYPE_COUNT ? dtypes[dtype].name : "invalid";
+}
+
+bool sci_dtype_dlpack(sc_dtype dtype, uint8_t *code, uint8_t *bits)
+{
+    if ((unsigned)dtype >= SC_DTYPE_COUNT || dtype == SC_DTYPE_INVALID)
+        return false;
+    *code = dtypes[dtype].dl_code;
+    *bits = dtypes[dtype].dl_bits;
+    return true;
+}
+
+sc_dtype sci_dtype_from_dlpack(uint8_t code, uint8_t bits)
+{
+    for (int d = SC_DTYPE_INVALID + 1; d < SC_DTYPE_COUNT; d++)
+        if (dtypes[d].dl_code == code && dtypes[d].dl_bits == bits)
+            return (sc_dtype)d;
+    return SC_DTYPE_INVALID;
 }

@@ -150,6 +150,7 @@ sc_status sc_context_memory(sc_context ctx, sc_memory_stats *stats)
     stats->live_buffers = c->live_buffers;
     stats->vram_budget = c->vram_budget;
     stats->pinned_bytes = c->pinned_bytes;
+    stats->borrowed_bytes = c->borrowed_bytes;
     CUmemoryPool pool = c->pool;
     pthread_mutex_unlock(&c->lock);
     cuuint64_t reserved = 0;

@@ -427,7 +427,8 @@ static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *
     if ((s = sc_buffer_view(x.buffer, x.offset, x.count, xv)) != SC_OK ||
         (s = sc_buffer_view(out.buffer, out.offset, out.count, ov)) != SC_OK ||
         (s = sc_buffer_info(x.buffer, &xp)) != SC_OK ||
-        (s = sc_buffer_info(out.buffer, &op)) != SC_OK)
+        (s = sc_buffer_info(out.buffer, &op)) != SC_OK ||
+        (s = sci_buffer_check_writable(out.buffer, fn, "out")) != SC_OK)
         return s;
     if (xp.dtype != SC_BF16 || op.dtype != SC_BF16)
         return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "x is %s and out is %s; both must be bf16",
@@ -474,7 +475,8 @@ static sc_status check_outputs(const sci_moe *m, const sc_moe_forward_desc *opts
         sc_status s;
         if ((s = sc_buffer_view(outs[i].v.buffer, outs[i].v.offset, outs[i].v.count, &v)) !=
                 SC_OK ||
-            (s = sc_buffer_info(outs[i].v.buffer, &p)) != SC_OK)
+            (s = sc_buffer_info(outs[i].v.buffer, &p)) != SC_OK ||
+            (s = sci_buffer_check_writable(outs[i].v.buffer, fn, outs[i].name)) != SC_OK)
             return s;
         if (p.context.id != m->ctx->obj.id)
             return sci_fail(SC_ERR_WRONG_CONTEXT, fn,

@@ -126,6 +126,19 @@ sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool o
                            const char *fn, struct sci_capture **cap)
 {
     sort_and_merge(acc, &n);
+    *cap = NULL;
+    /* read_only never changes once the object is published: no lock needed. Checked
+     * before a capture is looked at, so a captured write is refused too. */
+    for (size_t i = 0; i < n; i++)
+        if ((acc[i].mode & SCI_WRITE) && acc[i].tracker->read_only) {
+            char desc[240] = "an object";
+            if (acc[i].tracker->describe)
+                acc[i].tracker->describe(acc[i].tracker, desc, sizeof desc);
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "%s is read-only (borrowed or imported read-only): it can't be "
+                            "written",
+                            desc);
+        }
     *cap = sci_stream_capture(stream);
     if (*cap) {
         sc_status s = sci_capture_access_begin(*cap, acc, n, stream, order, fn);

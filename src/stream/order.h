@@ -30,6 +30,12 @@ typedef struct sci_tracker {
     sci_use *reads;     /* reads since the last write, one per stream */
     size_t n_reads, cap_reads;
     bool eager;         /* used on more than one stream: record events at each use */
+    /* Set once, before the object is published, on objects that refuse every write (a
+     * read-only borrowed buffer): sci_access_begin refuses a write access to it
+     * (SC_ERR_INVALID_ARGUMENT, before anything is ordered or enqueued), the message
+     * naming the object through describe. */
+    bool read_only;
+    const char *(*describe)(const struct sci_tracker *t, char *buf, size_t size);
 } sci_tracker;
 
 void sci_tracker_init(sci_tracker *t, uint64_t owner_id);
@@ -46,7 +52,8 @@ typedef struct sci_access {
 
 struct sci_capture;
 
-/* Lock the trackers (in id order; duplicates merged) and, when ordering is on, make
+/* Refuse a write to a read-only tracked object (SC_ERR_INVALID_ARGUMENT, message set);
+ * then lock the trackers (in id order; duplicates merged) and, when ordering is on, make
  * stream wait for the conflicting uses on other streams. On failure nothing stays
  * locked. When stream takes part in a capture (stream/capture.h) the work does not run
  * now: the trackers are left alone, the accesses are ordered among the capture's own

@@ -35,6 +35,8 @@ static struct fake_api {
     long (*refused_launches)(void);
     const char *(*last_misuse)(void);
     void (*set_reclaim_on_release)(int on);
+    int (*set_pointer_attributes)(unsigned long long base, int memory_type, int managed,
+                                  int ordinal, int foreign_context);
 } fake;
 
 /* The objects the fake holds: what a leak check compares. */
@@ -90,6 +92,7 @@ static inline void fake_attach(void)
     FAKE_SYM(refused_launches, "safecuda_testdevice_refused_launches");
     FAKE_SYM(last_misuse, "safecuda_testdevice_last_misuse");
     FAKE_SYM(set_reclaim_on_release, "safecuda_testdevice_set_reclaim_on_release");
+    FAKE_SYM(set_pointer_attributes, "safecuda_testdevice_set_pointer_attributes");
 #undef FAKE_SYM
     dlclose(h); /* drops only the reference taken here: safecuda's keeps it loaded */
 }
