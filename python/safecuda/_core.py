@@ -334,6 +334,15 @@ class Context(_Resource):
                 c.close()
             except Exception:  # noqa: BLE001 - the context's destroy frees it anyway
                 c._open = False
+        if quiet and self._exports_held():
+            # At exit, memory that DLPack consumers still hold (a torch tensor made with
+            # torch.from_dlpack, say) must not be freed under them: such a context is left
+            # to the end of the process, and the deleters stay safe to call until then.
+            self._open = False
+            for c in children:
+                if c is not None:
+                    c._open = False
+            return 0
         self._open = False
         _state.contexts.pop(getattr(self, "_serial", None), None)
         for d, c in list(_state.default_contexts.items()):
@@ -348,6 +357,12 @@ class Context(_Resource):
         if r and r != _lib.Status.SC_ERR_LEAKED:
             fail(r)
         return r
+
+    def _exports_held(self):
+        try:
+            return any(o.kind == "dlpack export" for o in self.live_objects())
+        except Exception:  # noqa: BLE001 - a library without exports has none
+            return False
 
     def close(self):
         """Destroy the context. Objects still open in it are freed and reported by the

@@ -140,8 +140,7 @@ def test_wrong_version_refused(ctx, version):
     t = HandMade(ptr, (64,), version=version)
     with pytest.raises(sc.SafecudaError) as info:
         sc.Buffer.from_dlpack(t.capsule(), context=ctx)
-    assert "version" in info.value.message.lower()
-    assert f"{version[0]}" in info.value.message
+    assert f"DLPack {version[0]}.{version[1]} is not supported" in info.value.message
     assert t.calls == 0
     owner.close()
 
