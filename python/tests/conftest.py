@@ -146,7 +146,8 @@ def gpu():
     try:
         n = sc.device_count()
     except sc.SafecudaError as exc:
-        gpu_skip(f"no usable CUDA driver ({exc.status.name}): {exc.message}")
+        msg = exc.message if len(exc.message) <= 160 else exc.message[:157] + "..."
+        gpu_skip(f"no usable CUDA driver ({exc.status.name}): {msg}")
     if n == 0:
         gpu_skip("the CUDA driver sees no GPU")
     if "testdevice" in sc.driver_path():
