@@ -18,7 +18,9 @@ for the GPU). Paths:
                      torch's current stream, the output allocated by torch, x and out
                      borrowed for the call);
   torch layer impl   the same work without the dispatcher (the op's Python body);
-  torch module       safecuda.torch.MoE(...)(x) (nn.Module call on top of the op).
+  torch module       safecuda.torch.MoE(...)(x): the nn.Module call, which in plain eager
+                     mode runs the op's body without the dispatcher;
+  torch module, dispatcher   the same with use_dispatcher=True (through the op).
 The C number comes from --c-bench (default: build-gpu/bench/bench_moe_host, then
 build/bench/bench_moe_host); without it the C row says "not measured".
 
@@ -165,6 +167,9 @@ def main():
         results.append(("torch layer impl (no dispatcher)",
                         batch_host_us(lambda: impl.run(x, False), sync)))
         results.append(("torch module (safecuda.torch.MoE)",
+                        batch_host_us(lambda: module(x), sync)))
+        module.use_dispatcher = True
+        results.append(("torch module, use_dispatcher=True",
                         batch_host_us(lambda: module(x), sync)))
     module.close()
     print(f"\nhost time per call, T=1, E={E} k={k} H={H} I={I_} (median of 50 batches of 100 "

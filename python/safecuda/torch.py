@@ -53,8 +53,8 @@ def as_buffer(tensor, *, context=None, read_only=False, label=None):
         raise ValueError(f"as_buffer: the tensor is on {tensor.device}, not a CUDA device")
     ctx = context if context is not None else default_context(tensor.device.index)
     stream = Stream.from_torch(torch.cuda.current_stream(tensor.device), context=ctx)
-    return Buffer.from_dlpack(tensor, context=ctx, stream=stream, read_only=read_only,
-                              label=label)
+    return Buffer.from_dlpack(tensor.detach(), context=ctx, stream=stream,
+                              read_only=read_only, label=label)
 
 
 def as_tensor(view):
@@ -114,8 +114,10 @@ class _Layer:
                 if t is None:
                     self.buffers.append(None)
                     continue
+                # detach(): the same storage, without the autograd record that keeps
+                # torch from exporting a parameter.
                 self.buffers.append(Buffer.from_dlpack(
-                    t, context=ctx, stream=stream, read_only=True,
+                    t.detach(), context=ctx, stream=stream, read_only=True,
                     label=f"{label or 'torch MoE'} {name}"))
             r, a, b, bias = self.buffers
             self.moe = _MoE(ctx, r, a, b, top_k=top_k, scoring=scoring,
@@ -256,6 +258,27 @@ def _moe_routed_fake(x, layer):
             x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=torch.float32))
 
 
+def _plain_eager(x):
+    """Whether a forward may run the operator's body directly, skipping the dispatcher's
+    few microseconds: plain eager execution of a plain CUDA tensor that needs no gradient.
+    Anything else (torch.compile, tracing, fake or functional tensors, dispatch and
+    function modes, functorch transforms, autograd) goes through torch.ops.safecuda."""
+    return (type(x) is Tensor and not _is_compiling() and not torch.jit.is_tracing() and
+            _dispatch_depth() == 0 and not _function_mode() and
+            not (x.requires_grad and torch.is_grad_enabled()) and not _wrapped(x))
+
+
+def _no(*_):
+    return False
+
+
+_is_compiling = getattr(torch.compiler, "is_compiling", _no)
+_dispatch_depth = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                   lambda x: True)
+
+
 def _release(layer_id):
     layer = _layers.pop(layer_id, None)
     if layer is not None:
@@ -273,11 +296,18 @@ class MoE(torch.nn.Module):
     a bf16 CUDA tensor [..., H] and returns a new one of its shape;
     forward(x, return_routing=True) also gives the expert ids and weights [T, k] (T = the
     tokens of x). max_tokens: the workspace reserved now, the most tokens a forward may
-    take inside a CUDA graph capture (eager forwards grow it as needed)."""
+    take inside a CUDA graph capture (eager forwards grow it as needed).
+
+    In plain eager execution the forward runs the operator's body directly (the same
+    work, without the dispatcher's overhead); under torch.compile, tracing, tensor
+    subclasses or autograd it calls torch.ops.safecuda.moe. use_dispatcher=True makes it
+    always call the operator."""
 
     def __init__(self, router_weight, w13, w2, *, top_k, scoring="softmax", renormalize=True,
-                 selection_bias=None, max_tokens=256, backend="auto", label=None):
+                 selection_bias=None, max_tokens=256, backend="auto", label=None,
+                 use_dispatcher=False):
         super().__init__()
+        self.use_dispatcher = bool(use_dispatcher)
         layer = _Layer(router_weight, w13, w2, top_k, scoring, renormalize, selection_bias,
                        max_tokens, backend, label)
         layer_id = next(_layer_ids)
@@ -315,6 +345,12 @@ class MoE(torch.nn.Module):
     def forward(self, x: Tensor, return_routing: bool = False):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if not self.use_dispatcher and _plain_eager(x2):
+            layer = _layer(self.layer_id)
+            if return_routing:
+                out, ids, weights = layer.run(x2, True)
+                return out.view(shape), ids, weights
+            return layer.run(x2, False).view(shape)
         if return_routing:
             out, ids, weights = torch.ops.safecuda.moe_routed(x2, self.layer_id)
             return out.view(shape), ids, weights

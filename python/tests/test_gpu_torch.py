@@ -222,7 +222,11 @@ def test_moe_op_bit_identical_to_the_c_path(torch, sct):
         out = plain.forward(owned[3])
         via_c = torch.from_dlpack(out)
         assert torch.equal(bits(via_c), bits(via_torch))
-        # Deterministic: the same input again gives the same bits.
+        # Deterministic: the same input again gives the same bits, through the dispatcher
+        # (the operator) as through the module's eager shortcut.
+        assert torch.equal(bits(layer(x)), bits(via_torch))
+        assert torch.equal(bits(torch.ops.safecuda.moe(x, layer.layer_id)), bits(via_torch))
+        layer.use_dispatcher = True
         assert torch.equal(bits(layer(x)), bits(via_torch))
         del via_c
         out.close()
@@ -329,6 +333,17 @@ def test_moe_module_checks(torch, sct):
         (0, c["H"])
     lid = layer.layer_id
     layer.close()
+    # Parameters (requires_grad) are borrowed too: the layer exports their storage.
+    params = [torch.nn.Parameter(t) for t in (router, w13, w2)]
+    p_layer = sct.MoE(*params, top_k=2)
+    x = torch.randn(3, c["H"], device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(bits(p_layer(x)), bits(sct.MoE(router, w13, w2, top_k=2)(x)))
+    buf = sct.as_buffer(params[0])
+    assert buf.device_ptr == params[0].data_ptr() and buf.shape == tuple(router.shape)
+    assert torch.equal(bits(sct.as_tensor(buf)), bits(router))
+    buf.close()
+    p_layer.close()
     with pytest.raises(RuntimeError, match=f"no MoE layer {lid}"):
         torch.ops.safecuda.moe(torch.zeros(1, c["H"], device="cuda", dtype=torch.bfloat16),
                                lid)
