@@ -3,6 +3,7 @@
 // device (host memory: nothing here says anything about a GPU).
 #include <safecuda.h>
 #include <safecuda/moe.h>
+#include <safecuda/interop.h>
 
 #include <cstdio>
 #include <cstring>
@@ -103,6 +104,18 @@ int main()
     EXPECT(sc_moe_create(ctx, &md, &layer) == SC_ERR_INVALID_ARGUMENT);
     EXPECT(std::strcmp(sc_status_name(SC_ERR_STALE_HANDLE), "SC_ERR_STALE_HANDLE") == 0);
     EXPECT(sc_dtype_size(SC_BF16) == 2);
+    // The interop macros and DLPack's types: b exported read-only and imported back.
+    DLManagedTensorVersioned *t = nullptr;
+    sc_dlpack_export_desc xd{};
+    xd.read_only = true;
+    EXPECT(sc_view_to_dlpack(sc_view_of(b), &xd, &t) == SC_OK && t != nullptr);
+    sc_buffer again{};
+    EXPECT(sc_buffer_from_dlpack(ctx, t, nullptr, &again) == SC_OK);
+    sc_buffer_origin origin{};
+    EXPECT(sc_buffer_get_origin(again, &origin) == SC_OK && origin.borrowed && origin.read_only);
+    EXPECT(sc_buffer_destroy(again) == SC_OK); // its release runs the export's deleter
+    DLDataType dl{};
+    EXPECT(sc_dtype_to_dlpack(SC_BF16, &dl) == SC_OK && dl.code == kDLBfloat && dl.bits == 16);
 
     EXPECT(sc_module_destroy(mod) == SC_OK);
     EXPECT(sc_event_destroy(e) == SC_OK);
