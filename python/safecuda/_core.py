@@ -269,15 +269,17 @@ class _Resource:
         self.close()
 
     def __del__(self):
-        if not getattr(self, "_open", False):
-            return
-        ctx = self._ctx
-        if ctx is not None and not ctx._open:
-            return
-        if _state is None or _state.exiting:
-            return
-        self._open = False
+        # Nothing here may raise, nor rely on this module's globals late at exit (by then
+        # every context was closed, so the first checks return).
         try:
+            if not self.__dict__.get("_open", False):
+                return
+            ctx = self._ctx
+            if ctx is not None and not ctx._open:
+                return
+            if _state.exiting:
+                return
+            self._open = False
             if not self._internal:
                 _report(2, f"garbage collector: {self._describe()} was not closed; destroyed "
                            f"now (close it, or use `with`)")
@@ -379,13 +381,13 @@ class Context(_Resource):
             fail(r)
 
     def __del__(self):
-        if not getattr(self, "_open", False) or _state is None or _state.exiting:
-            return
         try:
+            if not self.__dict__.get("_open", False) or _state.exiting:
+                return
             _report(2, f"garbage collector: {self._describe()} was not closed; destroyed "
                        f"now (close it, or use `with`)")
             self._close(quiet=False)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a finalizer never raises
             pass
 
     # queries
@@ -569,7 +571,7 @@ class Stream(_Resource):
         super().destroy()
 
     def __del__(self):
-        if getattr(self, "_owned", False):
+        if self.__dict__.get("_owned", False):
             super().__del__()
 
     def synchronize(self):
