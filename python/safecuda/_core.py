@@ -666,7 +666,7 @@ class Event(_Resource):
         return ms.value
 
 
-# ---- host memory helpers ------------------------------------------------------------------
+# ---- host memory --------------------------------------------------------------------------
 
 
 def _host_memoryview(data):
