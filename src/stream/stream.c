@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "driver/driver.h"
+#include "safecuda/interop.h" /* the public declarations (and their visibility) */
 #include "stream/capture.h"
 #include "stream/stream.h"
 
