@@ -52,8 +52,8 @@ SC_API sc_status sc_stream_wrap_at(sc_context ctx, uint64_t cu_stream, const cha
 
 /* Escape hatch: the CUstream behind any sc_stream (its own or a wrapped one), for handing
  * safecuda's stream to another library (torch.cuda.ExternalStream). Work that library
- * enqueues there is not tracked by safecuda. SC_DEFAULT_STREAM is refused (it names no
- * context; use sc_context_default_stream). */
+ * enqueues there is not tracked by safecuda. SC_DEFAULT_STREAM is refused
+ * (SC_ERR_INVALID_ARGUMENT: it names no context; use sc_context_default_stream). */
 SC_API sc_status sc_stream_cu_handle(sc_stream stream, uint64_t *cu_stream);
 
 /* Whether the stream is a wrapped one (sc_stream_wrap). */

@@ -182,7 +182,7 @@ sc_status sc_stream_cu_handle(sc_stream stream, uint64_t *cu_stream)
     static const char fn[] = "sc_stream_cu_handle";
     SCI_CHECK_PTR(fn, cu_stream);
     if (stream.id == 0)
-        return sci_fail(SC_ERR_STALE_HANDLE, fn,
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "SC_DEFAULT_STREAM names no context: take the default stream's handle "
                         "with sc_context_default_stream");
     sci_object *obj = NULL;

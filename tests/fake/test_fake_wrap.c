@@ -106,7 +106,7 @@ static void test_wrap_checks(void)
     CHECK(handle != 0);
     CHECK_OK(sc_context_default_stream(ctx, &def));
     CHECK_OK(sc_stream_cu_handle(def, &handle));
-    CHECK_STATUS(sc_stream_cu_handle(SC_DEFAULT_STREAM, &handle), SC_ERR_STALE_HANDLE);
+    CHECK_STATUS(sc_stream_cu_handle(SC_DEFAULT_STREAM, &handle), SC_ERR_INVALID_ARGUMENT);
     CHECK_MSG("sc_context_default_stream");
     CHECK_STATUS(sc_stream_cu_handle(own, NULL), SC_ERR_INVALID_ARGUMENT);
 
