@@ -94,7 +94,9 @@ static void test_ordering(void)
     CHECK_OK(sc_stream_wrap(ctx, 0, "legacy", &legacy));
     const float three = 3.0f;
     CHECK_OK(sc_fill(legacy, sc_view_of(a), &three));
-    CHECK_OK(sc_copy_to_host(own, back, 16, sc_view_of(a)));
+    sc_view head = {0};
+    CHECK_OK(sc_buffer_view(a, 0, 4, &head));
+    CHECK_OK(sc_copy_to_host(own, back, 16, head));
     CHECK(back[0] == 3.0f && back[3] == 3.0f);
     CHECK_OK(sc_stream_destroy(legacy));
 
@@ -136,7 +138,9 @@ static void test_foreign_capture(void)
     CHECK(cu.instantiate(&exec, graph, 0) == CUDA_SUCCESS);
 
     /* Not run yet. */
-    CHECK_OK(sc_copy_to_host(w, back, 16, sc_view_of(dst)));
+    sc_view head = {0};
+    CHECK_OK(sc_buffer_view(dst, 0, 4, &head));
+    CHECK_OK(sc_copy_to_host(w, back, 16, head));
     CHECK(back[0] == poison && back[3] == poison);
     CHECK(cu.graph_launch(exec, fs) == CUDA_SUCCESS);
     CHECK(cu.stream_sync(fs) == CUDA_SUCCESS);
