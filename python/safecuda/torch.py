@@ -174,7 +174,7 @@ class _Layer:
             weights = torch.empty((T, self.top_k), dtype=torch.float32, device=x.device)
         if T == 0:
             return (out, ids, weights) if routed else out
-        cu = torch.cuda.current_stream(x.device).cuda_stream
+        cu = _current_raw_stream(x.device.index)
         ctx = self.ctx
         st = ctx._wrapped.get(cu)
         if st is None:
@@ -221,6 +221,15 @@ class _Layer:
                 if h:
                     destroy(h)
         return (out, ids, weights) if routed else out
+
+
+def _current_stream_handle(index):
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# torch's current CUstream as an int without making a torch.cuda.Stream object (a few
+# microseconds per call); the public call where this torch lacks the private one.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream_handle)
 
 
 def _layer(layer_id):

@@ -767,8 +767,22 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
             s = refuse_in_capture(m, stream, grow, T, fn);
         if (s == SC_OK && grow)
             s = grow_workspace(m, grow, stream, fn);
-        if (s == SC_OK)
+        if (s == SC_OK) {
+            /* One point recorded on a wrapped stream after the whole forward, not one per
+             * launch (stream/order.h). */
+            sci_wrapped_marks_defer(true);
             s = issue(&f, opts);
+            sci_wrapped_marks_defer(false);
+            sci_stream *ws = NULL;
+            if (sci_stream_resolve(stream, m->ctx, fn, &ws) == SC_OK) {
+                if (ws->wrapped) {
+                    sc_status mk = sci_stream_mark_wrapped(ws, fn);
+                    if (s == SC_OK)
+                        s = mk;
+                }
+                sci_stream_release(ws);
+            }
+        }
         pthread_mutex_unlock(&m->lock);
     }
     s = steps_finish(&st, s);

@@ -219,6 +219,10 @@ static sc_status record(sci_tracker *t, sci_access_mode mode, sci_stream *stream
     return note_use(t, &t->reads[t->n_reads++], stream, fn);
 }
 
+static _Thread_local bool defer_marks;
+
+void sci_wrapped_marks_defer(bool on) { defer_marks = on; }
+
 sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
                          struct sci_capture *cap, bool enqueued, const char *fn)
 {
@@ -236,7 +240,7 @@ sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
     }
     /* A wrapped stream's owner may begin a capture at any time, after which nothing can be
      * recorded there: its point after this work is recorded now, for later waits. */
-    if (enqueued && stream->wrapped && n) {
+    if (enqueued && stream->wrapped && n && !defer_marks) {
         sc_status r = sci_stream_mark_wrapped(stream, fn);
         if (s == SC_OK)
             s = r;

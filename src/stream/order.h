@@ -69,6 +69,11 @@ sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool o
 sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
                          struct sci_capture *cap, bool enqueued, const char *fn);
 
+/* While on, the calling thread's operations on wrapped streams do not record the stream's
+ * point after each one (sci_access_end): a composite operation (an MoE forward, a dozen
+ * launches) records it once at its end with sci_stream_mark_wrapped instead. */
+void sci_wrapped_marks_defer(bool on);
+
 /* Make stream wait for every use of t on other streams (for frees). t must be locked or
  * otherwise unreachable. */
 sc_status sci_tracker_order_all(sci_tracker *t, sci_stream *stream, const char *fn);
