@@ -57,3 +57,24 @@ def test_dlpack_between_buffers_on_the_gpu(ctx):
     assert got[3] == [-7] * 64 and got[4] == list(range(256, 320))
     b.close()
     s.close()
+
+
+def test_readme_python_example(gpu, nvrtc):
+    """The README's first Python example ("From Python and PyTorch"), run verbatim."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("## From Python and PyTorch"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[2.0, 3.0, 4.0]", r.stdout
+    assert lines[1] == str([2.0 * i for i in range(8)]), r.stdout
+    assert "argument 2" in lines[2], r.stdout  # the refused launch, printed
