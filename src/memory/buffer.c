@@ -48,14 +48,17 @@ sc_status sci_buffer_publish(sci_buffer *b, bool read_only, sci_stream *first_wr
                              const char *label, const char *file, int line, const char *fn)
 {
     /* The tracker is ready before the record is published. The first use is a write on
-     * first_writer (the allocation and its zeroing, or the owner's writes). */
+     * first_writer (the allocation and its zeroing, or the owner's writes); on a wrapped
+     * stream the point after it is recorded (stream/capture.h). */
+    sc_status s = sci_stream_note_owner_writes(first_writer, fn);
+    if (s != SC_OK)
+        return s;
     sci_tracker_init(&b->tracker, 0);
     b->tracker.describe = describe_tracked;
     b->tracker.read_only = read_only;
     b->tracker.write.stream_id = first_writer->obj.id;
     b->tracker.write.cu = first_writer->cu;
-    sc_status s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, b->ctx->obj.id, label, file,
-                                      line, fn);
+    s = sci_registry_insert(&b->obj, SCI_KIND_BUFFER, b->ctx->obj.id, label, file, line, fn);
     if (s != SC_OK) {
         sci_tracker_destroy(&b->tracker); /* no event yet: nothing for the driver */
         return s;

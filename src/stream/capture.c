@@ -207,6 +207,19 @@ static sc_status record_pre_capture(sci_stream *stream, const char *fn)
     return SC_OK;
 }
 
+sc_status sci_stream_note_owner_writes(sci_stream *stream, const char *fn)
+{
+    if (!stream->wrapped)
+        return SC_OK;
+    pthread_mutex_lock(&capture_lock);
+    bool capturing = stream->capture != NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (!capturing)
+        return record_pre_capture(stream, fn);
+    atomic_store(&stream->pre_capture_valid, false);
+    return SC_OK;
+}
+
 sc_status sci_stream_mark_wrapped(sci_stream *stream, const char *fn)
 {
     if (!stream->wrapped)

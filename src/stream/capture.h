@@ -58,6 +58,11 @@ void sci_capture_sync(sci_stream *stream, const char *fn);
  * event), unless it captures: what a wait for that work uses if its owner begins a
  * capture later (nothing can be recorded on a capturing stream). */
 sc_status sci_stream_mark_wrapped(sci_stream *stream, const char *fn);
+/* The owner wrote memory on wrapped stream (a borrow names it as the first writer): record
+ * the point after those writes; while it captures (nothing can be recorded), mark its
+ * point invalid instead, so that a wait for its uses during the capture is refused rather
+ * than ordered after an older point. Nothing for other streams. */
+sc_status sci_stream_note_owner_writes(sci_stream *stream, const char *fn);
 /* Whether stream takes part in a capture another library began (adopted). */
 bool sci_capture_is_adopted(sci_stream *stream);
 

@@ -278,6 +278,46 @@ static void test_borrow_inside_foreign_capture(void)
     CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
 }
 
+/* The owner writes its memory on the wrapped stream after safecuda's last work there, then
+ * lends it (a borrow naming that stream): the point is recorded at the borrow, so another
+ * stream's use during a later capture by the owner waits for those writes. A borrow made
+ * while the owner captures can't record one: such a wait is refused instead of being
+ * ordered after an older point. */
+static void test_owner_writes_before_capture(void)
+{
+    CUstream cu = foreign_stream();
+    CUdeviceptr p1 = 0, p2 = 0;
+    REQUIRE(other.mem_alloc(&p1, 4096) == CUDA_SUCCESS);
+    REQUIRE(other.mem_alloc(&p2, 4096) == CUDA_SUCCESS);
+    sc_stream w = {0}, own = {0};
+    CHECK_OK(sc_stream_wrap(ctx, (uint64_t)(uintptr_t)cu, "torch", &w));
+    CHECK_OK(sc_stream_create(ctx, &(sc_stream_desc){.label = "mine"}, &own));
+    const float one = 1.0f;
+    sc_buffer before = {0}, during = {0};
+    CHECK_OK(sc_buffer_borrow(ctx, p1, &(sc_borrow_desc){.dtype = SC_F32, .count = 1024,
+                                                        .label = "lent before", .stream = w},
+                              &before));
+    REQUIRE(other.begin_capture(cu, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHECK_OK(sc_fill(own, sc_view_of(before), &one)); /* waits on the point of the borrow */
+    CHECK_OK(sc_buffer_borrow(ctx, p2, &(sc_borrow_desc){.dtype = SC_F32, .count = 1024,
+                                                        .label = "lent during", .stream = w},
+                              &during));
+    CHECK_STATUS(sc_fill(own, sc_view_of(during), &one), SC_ERR_CAPTURE);
+    CHECK_MSG("before the library that made that stream began capturing it");
+    CUgraph cg = NULL;
+    CHECK(other.end_capture(cu, &cg) == CUDA_SUCCESS && cg);
+    if (cg)
+        CHECK(other.graph_destroy(cg) == CUDA_SUCCESS);
+    CHECK_OK(sc_fill(own, sc_view_of(during), &one)); /* outside the capture: ordered */
+    CHECK_OK(sc_buffer_destroy(before));
+    CHECK_OK(sc_buffer_destroy(during));
+    CHECK_OK(sc_stream_destroy(own));
+    CHECK_OK(sc_stream_destroy(w));
+    CHECK(other.mem_free(p1) == CUDA_SUCCESS);
+    CHECK(other.mem_free(p2) == CUDA_SUCCESS);
+    CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
+}
+
 /* Review findings on adopted captures: (1) once the owner ends its capture, safecuda's
  * context-wide calls work again without the wrapped stream being touched; (2) one of
  * safecuda's own streams forked into the capture leaves it with it; (3) destroying such
@@ -362,6 +402,7 @@ int main(void)
     TEST_RUN(test_foreign_capture);
     TEST_RUN(test_borrow_inside_foreign_capture);
     TEST_RUN(test_adopted_capture_lifetime);
+    TEST_RUN(test_owner_writes_before_capture);
     TEST_RUN(test_leak);
     size_t live = 99;
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));
