@@ -100,31 +100,31 @@ _VERSIONED_DESTRUCTOR = cast(_versioned_capsule_destructor, c_void_p).value
 _LEGACY_DESTRUCTOR = cast(_legacy_capsule_destructor, c_void_p).value
 
 
-def _legacy_export_deleter(p, _vp=c_void_p, _proto=_call_deleter, _ctx=_LEGACY_CTX_AT,
-                           _at=_VERSIONED_DELETER_AT, _release=_free):
-    """deleter of a DLManagedTensor made for a consumer without versioned DLPack: calls the
-    versioned tensor's deleter, then frees the legacy struct."""
-    if not p:
-        return
-    inner = _vp.from_address(p + _ctx).value
-    if inner:
-        fn = _vp.from_address(inner + _at).value
-        if fn:
-            _proto(fn)(inner)
-    _release(p)
+def _wrapping_deleter(ctx_at, deleter_at, doc):
+    """A deleter of a DLPack struct made around another one (its manager_ctx at ctx_at):
+    calls the inner struct's deleter (at deleter_at), then frees the outer struct. What it
+    uses is bound as default arguments, so it still runs while the interpreter exits."""
+    def deleter(p, _vp=c_void_p, _proto=_call_deleter, _ctx=ctx_at, _at=deleter_at,
+                _release=_free):
+        if not p:
+            return
+        inner = _vp.from_address(p + _ctx).value
+        if inner:
+            fn = _vp.from_address(inner + _at).value
+            if fn:
+                _proto(fn)(inner)
+        _release(p)
+    deleter.__doc__ = doc
+    return deleter
 
 
-def _legacy_import_deleter(p, _vp=c_void_p, _proto=_call_deleter, _ctx=_VERSIONED_CTX_AT,
-                           _at=_LEGACY_DELETER_AT, _release=_free):
-    """deleter of the versioned struct wrapped around a producer's DLManagedTensor."""
-    if not p:
-        return
-    inner = _vp.from_address(p + _ctx).value
-    if inner:
-        fn = _vp.from_address(inner + _at).value
-        if fn:
-            _proto(fn)(inner)
-    _release(p)
+_legacy_export_deleter = _wrapping_deleter(
+    _LEGACY_CTX_AT, _VERSIONED_DELETER_AT,
+    "deleter of a DLManagedTensor made for a consumer without versioned DLPack: calls the "
+    "versioned tensor's deleter, then frees the legacy struct.")
+_legacy_import_deleter = _wrapping_deleter(
+    _VERSIONED_CTX_AT, _LEGACY_DELETER_AT,
+    "deleter of the versioned struct wrapped around a producer's DLManagedTensor.")
 
 
 _legacy_export_deleter_c = _keep_forever(CFUNCTYPE(None, c_void_p)(_legacy_export_deleter))

@@ -1,5 +1,6 @@
 /* Stream capture: the state of captures in progress, their shadow ordering, what they
  * remember, and the refusals that keep them valid (see capture.h). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,9 @@ struct sci_capture {
 };
 
 static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Adopted captures on the active list (changed under capture_lock): while there are none,
+ * resolving one of safecuda's own streams takes no lock to look for one. */
+static atomic_int adopted_active;
 static sci_capture *active_list;
 static uint64_t next_id = 1;
 
@@ -207,7 +211,10 @@ static sc_status record_pre_capture(sci_stream *stream, const char *fn)
     return SC_OK;
 }
 
-sc_status sci_stream_note_owner_writes(sci_stream *stream, const char *fn)
+/* Record a wrapped stream's point unless it takes part in a capture (safecuda's own record
+ * of that is enough: the caller resolved the stream, or wrapped it, moments ago); while it
+ * does, invalidate makes its older point unusable. */
+static sc_status mark_wrapped(sci_stream *stream, bool invalidate, const char *fn)
 {
     if (!stream->wrapped)
         return SC_OK;
@@ -216,22 +223,19 @@ sc_status sci_stream_note_owner_writes(sci_stream *stream, const char *fn)
     pthread_mutex_unlock(&capture_lock);
     if (!capturing)
         return record_pre_capture(stream, fn);
-    atomic_store(&stream->pre_capture_valid, false);
+    if (invalidate)
+        atomic_store(&stream->pre_capture_valid, false);
     return SC_OK;
+}
+
+sc_status sci_stream_note_owner_writes(sci_stream *stream, const char *fn)
+{
+    return mark_wrapped(stream, true, fn);
 }
 
 sc_status sci_stream_mark_wrapped(sci_stream *stream, const char *fn)
 {
-    if (!stream->wrapped)
-        return SC_OK;
-    /* The caller saw the driver's capture state moments ago (an operation's resolve, or
-     * the wrap itself): safecuda's own record of it is enough here. */
-    pthread_mutex_lock(&capture_lock);
-    bool capturing = stream->capture != NULL;
-    pthread_mutex_unlock(&capture_lock);
-    if (capturing)
-        return SC_OK;
-    return record_pre_capture(stream, fn);
+    return mark_wrapped(stream, false, fn);
 }
 
 sc_status sci_capture_begin(sci_stream *stream, int mode, const char *fn)
@@ -289,6 +293,8 @@ static void retire_locked(sci_capture *cap)
             break;
         }
     cap->active = false;
+    if (cap->adopted)
+        atomic_fetch_sub(&adopted_active, 1);
     pthread_mutex_lock(&cap->lock);
     for (size_t i = 0; i < cap->n_members; i++)
         if (cap->members[i].stream->capture == cap)
@@ -490,6 +496,8 @@ void sci_capture_sync(sci_stream *stream, const char *fn)
         return;
     }
     /* One of safecuda's own streams that joined an adopted capture (a fork). */
+    if (atomic_load(&adopted_active) == 0)
+        return;
     pthread_mutex_lock(&capture_lock);
     sci_capture *cap = stream->capture;
     if (cap && cap->adopted)
@@ -566,6 +574,7 @@ void sci_capture_sync_wrapped(sci_stream *stream, const char *fn)
             cap->active = true;
             cap->next = active_list;
             active_list = cap;
+            atomic_fetch_add(&adopted_active, 1);
             stream->capture = cap;
             snprintf(cap->guard.what, sizeof cap->guard.what,
                      "capture %llu (begun by another library on wrapped stream '%s', created "
