@@ -1061,7 +1061,7 @@ static void test_destroy_while_used(void)
 
 static sc_context lost_ctx;
 static atomic_long lost_progress;
-static atomic_int lost_seen, lost_done;
+static atomic_int lost_seen, lost_done, lost_armed;
 
 static void *work_until_lost(void *arg)
 {
@@ -1083,6 +1083,13 @@ static void *work_until_lost(void *arg)
         data[j] = (uint32_t)(t << 16 | j);
     bool lost = false;
     for (long i = 0; i < 100000 && !lost; i++) {
+        /* No thread runs ahead of the fault: where threads take turns (valgrind runs one
+         * at a time and need not be fair) one could otherwise finish every round before
+         * the fault is armed. lose_context arms it once 4 x THREADS rounds are done,
+         * which one thread alone reaches. */
+        if (i == 4 * THREADS)
+            while (!atomic_load(&lost_armed))
+                sched_yield();
         sc_stream on = i % 2 ? s : SC_DEFAULT_STREAM;
         sc_status st = T_EITHER(sc_copy_from_host(on, sc_view_of(b), data, sizeof data), SC_OK,
                                 SC_ERR_CONTEXT_LOST);
@@ -1120,6 +1127,7 @@ static void *lose_context(void *arg)
     while (atomic_load(&lost_progress) < 4 * THREADS && atomic_load(&lost_done) < THREADS)
         sched_yield();
     REQUIRE(sci_fault_arm("cuMemcpyHtoDAsync", 1, CUDA_ERROR_ILLEGAL_ADDRESS));
+    atomic_store(&lost_armed, 1);
     return NULL;
 }
 
