@@ -48,6 +48,15 @@ static int test_failures;
         }                                                                              \
     } while (0)
 
+/* A failure: the status, and a message that starts with the public function's name
+ * (sc_last_error cleared first, so the message is the call's own). */
+#define CHECK_FAIL(expr, want, fn)                                                        \
+    do {                                                                                  \
+        sc_clear_error();                                                                 \
+        CHECK_STATUS(expr, want);                                                         \
+        CHECK_MSG(fn ": ");                                                               \
+    } while (0)
+
 /* Fail the whole test now (for setup that later checks depend on). */
 #define REQUIRE(cond)                                                                    \
     do {                                                                                 \

@@ -30,12 +30,17 @@ from ._lib import (DLManagedTensor, DLManagedTensorVersioned, DLTensor, fail, in
 
 _api = ctypes.pythonapi
 _libc = ctypes.CDLL(None)
-_malloc = _libc.calloc
-_malloc.restype = c_void_p
-_malloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
-_free = _libc.free
-_free.restype = None
-_free.argtypes = [c_void_p]
+
+
+def _prototype(fn, restype, *argtypes):
+    """fn with its C signature set (ctypes converts and checks the arguments)."""
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_malloc = _prototype(_libc.calloc, c_void_p, ctypes.c_size_t, ctypes.c_size_t)
+_free = _prototype(_libc.free, None, c_void_p)
 
 # Capsule names live as long as the process (a capsule may be freed at any time).
 NAME_VERSIONED = intern_c_string("dltensor_versioned")
@@ -43,21 +48,11 @@ NAME_USED_VERSIONED = intern_c_string("used_dltensor_versioned")
 NAME_LEGACY = intern_c_string("dltensor")
 NAME_USED_LEGACY = intern_c_string("used_dltensor")
 
-_capsule_new = _api.PyCapsule_New
-_capsule_new.restype = py_object
-_capsule_new.argtypes = [c_void_p, c_void_p, c_void_p]
-_capsule_get_pointer = _api.PyCapsule_GetPointer
-_capsule_get_pointer.restype = c_void_p
-_capsule_get_pointer.argtypes = [py_object, c_char_p]
-_capsule_get_name = _api.PyCapsule_GetName
-_capsule_get_name.restype = c_char_p
-_capsule_get_name.argtypes = [py_object]
-_capsule_set_name = _api.PyCapsule_SetName
-_capsule_set_name.restype = c_int
-_capsule_set_name.argtypes = [py_object, c_void_p]
-_incref = _api.Py_IncRef
-_incref.restype = None
-_incref.argtypes = [py_object]
+_capsule_new = _prototype(_api.PyCapsule_New, py_object, c_void_p, c_void_p, c_void_p)
+_capsule_get_pointer = _prototype(_api.PyCapsule_GetPointer, c_void_p, py_object, c_char_p)
+_capsule_get_name = _prototype(_api.PyCapsule_GetName, c_char_p, py_object)
+_capsule_set_name = _prototype(_api.PyCapsule_SetName, c_int, py_object, c_void_p)
+_incref = _prototype(_api.Py_IncRef, None, py_object)
 
 # Plain function pointers (no GIL bookkeeping, no error check) for use in destructors.
 _raw_is_valid = CFUNCTYPE(c_int, c_void_p, c_void_p)(

@@ -19,14 +19,6 @@
 
 static sc_context ctx;
 
-/* The status, and a failure's message naming the public function. */
-#define CHECK_FAIL(expr, want, fn)                                                        \
-    do {                                                                                  \
-        sc_clear_error();                                                                 \
-        CHECK_STATUS(expr, want);                                                         \
-        CHECK_MSG(fn ": ");                                                               \
-    } while (0)
-
 static sc_buffer make_buffer(sc_context c, sc_dtype dtype, uint64_t count, const char *label)
 {
     sc_buffer b = {0};

@@ -18,13 +18,6 @@
 
 static sc_context ctx;
 
-#define CHECK_FAIL(expr, want, fn)                                                        \
-    do {                                                                                  \
-        sc_clear_error();                                                                 \
-        CHECK_STATUS(expr, want);                                                         \
-        CHECK_MSG(fn ": ");                                                               \
-    } while (0)
-
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static int released[16]; /* release callback calls, by slot */
