@@ -14,7 +14,9 @@
 #define SC_MOE_THREADS 256 /* 8 warps: 2 along M x 4 along N */
 #define SC_MOE_SMEM_BYTES (SC_MOE_STAGES * (SC_MOE_BM + SC_MOE_BN) * SC_MOE_BK * 2)
 
-#define SC_MOE_MAX_EXPERTS 256 /* the top-k kernel keeps a token's scores in one warp */
+#define SC_MOE_MAX_EXPERTS 512 /* routed experts (as include/safecuda/moe.h says) */
+#define SC_MOE_MAX_SHARED 16  /* shared-expert chunks of size I */
+#define SC_MOE_MAX_GROUPS (SC_MOE_MAX_EXPERTS + SC_MOE_MAX_SHARED) /* experts in the GEMMs */
 #define SC_MOE_MAX_TOPK 16
 #define SC_MOE_ALIGN 8         /* H and I must be multiples of this (16-byte rows) */
 
