@@ -40,8 +40,8 @@
 #define SC_MOE_ROUTER_MAX_SPLIT 16
 #define SC_MOE_ROUTER_MIN_K 256
 #define SC_MOE_ROUTER_SPLIT_MAX_T 2048
-#if SC_MOE_ROUTE_THREADS < SC_MOE_MAX_EXPERTS || SC_MOE_ROUTE_TOKENS < SC_MOE_ROUTE_SMALL_MAX_T
-#error "sc_moe_route_small scans the experts with one thread each"
+#if SC_MOE_ROUTE_TOKENS < SC_MOE_ROUTE_SMALL_MAX_T
+#error "sc_moe_route_small computes the logits of all its tokens in one pass"
 #endif
 
 /* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
