@@ -39,19 +39,19 @@ enum { SMS = 132 }; /* an H100 SXM */
 
 /* Dynamic shared memory of the SM90 kernels: 1024 bytes of alignment slack, STAGES x (A
  * tile 64 CONS x 128 bytes + B tile BN x 128 bytes), 2 x STAGES barriers of 8 bytes, and
- * the row and tile offsets (2 x 257 ints). */
+ * the row and tile offsets (2 x 529 ints). */
 enum {
     SMEM_MMA = 65536,                                           /* 4 x (128 + 128) x 32 x 2 */
-    SMEM_SMALL = 1024 + 4 * (8192 + 8192) + 64 + 2056,          /* 68680: CONS 1, BN 64, 4 */
-    SMEM_LARGE = 1024 + 4 * (16384 + 32768) + 64 + 2056,        /* 199752: CONS 2, BN 256, 4 */
-    SMEM_MEDIUM = 1024 + 6 * (16384 + 16384) + 96 + 2056,       /* 199784: CONS 2, BN 128, 6 */
-    SMEM_WIDE = 1024 + 5 * (8192 + 32768) + 80 + 2056,          /* 207960: CONS 1, BN 256, 5 */
+    SMEM_SMALL = 1024 + 4 * (8192 + 8192) + 64 + 4232,          /* 70856: CONS 1, BN 64, 4 */
+    SMEM_LARGE = 1024 + 4 * (16384 + 32768) + 64 + 4232,        /* 201928: CONS 2, BN 256, 4 */
+    SMEM_MEDIUM = 1024 + 6 * (16384 + 16384) + 96 + 4232,       /* 201960: CONS 2, BN 128, 6 */
+    SMEM_WIDE = 1024 + 5 * (8192 + 32768) + 80 + 4232,          /* 210136: CONS 1, BN 256, 5 */
 };
 
 static sci_moe_config config(int E, int k, int H, int I, sc_moe_backend backend)
 {
     return (sci_moe_config){.experts = E, .top_k = k, .hidden = H, .intermediate = I,
-                            .backend = backend, .sm_count = SMS, .tile_override = -1,
+                            .groups = E, .slots = k, .logit_cols = E, .backend = backend, .sm_count = SMS, .tile_override = -1,
                             .group_override = 0, .pdl = true};
 }
 
@@ -59,7 +59,7 @@ static sci_moe_plan plan(const sci_moe_config *c, uint64_t T)
 {
     sci_moe_plan p;
     memset(&p, 0xa5, sizeof p); /* every field is the plan's, none left over */
-    sci_moe_plan_make(c, T, &p);
+    sci_moe_plan_make(c, T, false, &p);
     return p;
 }
 
@@ -108,8 +108,9 @@ static void test_sm90_small_layer(void)
     /* Workspace for 1 token: logits 16 rows (the split router's) x 8 x 4 = 512; ids,
      * weights, permuted tokens and weights, positions 5 x 2 x 4 = 40; counts and cursors
      * 2 x 8 x 4, row and tile offsets 2 x 9 x 4: 136; h 2 x 256 x 2 = 1024; y and x in
-     * expert order 2 x 2 x 512 x 2 = 4096; the zero bias and the ticket 8. */
-    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1024 + 4096 + 8);
+     * expert order 2 x 2 x 512 x 2 = 4096; the zero bias and the ticket 8; the shared
+     * expert's weight per token 4. */
+    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1024 + 4096 + 8 + 4);
 
     /* The routing paths and programmatic launches around their thresholds. */
     CHECK(plan(&c, 16).route_small);
@@ -121,7 +122,7 @@ static void test_sm90_small_layer(void)
 
     /* T = 17: routing in steps. Router: 1 x 1 output tiles leave SMs idle: 132 splits, at
      * most 16, at most 512 / 256 = 2 (each >= 256 columns): 2 splits of 256 columns.
-     * Top-k: 8 tokens a block; offsets: one block; scatter + gather: 8 warps a block over
+     * Top-k: 8 tokens a block; offsets: one warp; scatter + gather: 8 warps a block over
      * 34 rows. */
     p = plan(&c, 17);
     NOT_LAUNCHED(p.route);
@@ -130,7 +131,7 @@ static void test_sm90_small_layer(void)
     CHECK_EQ(p.router_k_chunk, 256);
     CHECK_LAUNCH(p.router, 1, 1, 2, 256, SMEM_MMA);
     CHECK_LAUNCH(p.topk, 3, 1, 1, 256, 0);
-    CHECK_LAUNCH(p.offsets, 1, 1, 1, 256, 0);
+    CHECK_LAUNCH(p.offsets, 1, 1, 1, 32, 0);
     CHECK_LAUNCH(p.scatter, 5, 1, 1, 256, 0);
     CHECK_EQ(p.tile, SCI_MOE_TILE_SMALL);
     CHECK_LAUNCH(p.combine, 17, 1, 1, 256, 0);
@@ -152,9 +153,10 @@ static void test_sm90_small_layer(void)
 
     /* The default workspace (256 tokens): logits 4096 rows (16 splits x 256) x 8 x 4 =
      * 131072; 5 x 512 rows x 4 = 10240; offsets and counts 136; h 512 x 256 x 2 = 262144;
-     * y and x in expert order 2 x 512 x 512 x 2 = 1048576; 8. */
-    CHECK_EQ(plan(&c, 256).workspace_bytes, 131072 + 10240 + 136 + 262144 + 1048576 + 8);
-    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1452176);
+     * y and x in expert order 2 x 512 x 512 x 2 = 1048576; 8; shared weights 256 x 4. */
+    CHECK_EQ(plan(&c, 256).workspace_bytes,
+             131072 + 10240 + 136 + 262144 + 1048576 + 8 + 1024);
+    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1453200);
 }
 
 /* SM90, a DeepSeek-V3-sized layer: E = 256, k = 8, H = 7168, I = 2048. */
