@@ -650,16 +650,22 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
         dst[c] = src[c];
 }
 
-// ---- offsets: rows and tiles per group (one warp) ----------------------------------------
+// ---- offsets: rows and tiles per group (one block) ---------------------------------------
 //
 // Exclusive scans of the rows (counts; the shared chunks T each) and of the BM-row tiles
-// per group; the cursors of the scatter are reset.
+// per group: the counts loaded into shared memory by the whole block at once, then scanned
+// by warp 0; the cursors of the scatter are reset.
 
 extern "C" __global__ void sc_moe_offsets(const int *counts, int *row_offsets, int *tile_offsets,
                                           int *cursor, int E, int groups, int T)
 {
     griddep_enter();
-    scan_groups(counts, E, groups, T, row_offsets, tile_offsets, nullptr);
+    __shared__ int c[SC_MOE_MAX_GROUPS];
+    for (int g = threadIdx.x; g < E; g += blockDim.x)
+        c[g] = counts[g];
+    __syncthreads();
+    if (threadIdx.x < 32)
+        scan_groups(c, E, groups, T, row_offsets, tile_offsets, nullptr);
     for (int g = threadIdx.x; g < groups; g += blockDim.x)
         cursor[g] = 0;
 }

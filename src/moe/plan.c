@@ -206,7 +206,7 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
         p->topk = launch(ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1,
                          32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 0, pdl);
     }
-    p->offsets = launch(1, 1, 1, 32, 0, pdl);
+    p->offsets = launch(1, 1, 1, (uint32_t)(c->groups + 31) / 32 * 32, 0, pdl);
     p->scatter = sm90 ? warp_per_row : launch(ceil_div(rows, 256), 1, 1, 256, 0, pdl);
 }
 

@@ -122,7 +122,7 @@ static void test_sm90_small_layer(void)
 
     /* T = 17: routing in steps. Router: 1 x 1 output tiles leave SMs idle: 132 splits, at
      * most 16, at most 512 / 256 = 2 (each >= 256 columns): 2 splits of 256 columns.
-     * Top-k: 8 tokens a block; offsets: one warp; scatter + gather: 8 warps a block over
+     * Top-k: 8 tokens a block; offsets: one block; scatter + gather: 8 warps a block over
      * 34 rows. */
     p = plan(&c, 17);
     NOT_LAUNCHED(p.route);
@@ -131,7 +131,7 @@ static void test_sm90_small_layer(void)
     CHECK_EQ(p.router_k_chunk, 256);
     CHECK_LAUNCH(p.router, 1, 1, 2, 256, SMEM_MMA);
     CHECK_LAUNCH(p.topk, 3, 1, 1, 256, 0);
-    CHECK_LAUNCH(p.offsets, 1, 1, 1, 32, 0);
+    CHECK_LAUNCH(p.offsets, 1, 1, 1, 32, 0); /* a thread per group, in whole warps */
     CHECK_LAUNCH(p.scatter, 5, 1, 1, 256, 0);
     CHECK_EQ(p.tile, SCI_MOE_TILE_SMALL);
     CHECK_LAUNCH(p.combine, 17, 1, 1, 256, 0);
@@ -412,6 +412,59 @@ static void test_invariants(void)
     }
 }
 
+/* v2: a shared expert (S chunks of I: rows per token k + S, experts in the GEMMs E + S), a
+ * shared gate (one more router column), and the caller's routing (no top-k; the router
+ * GEMM only for the gate's one column). Qwen3-Next's shape: E = 512, k = 10, H = 2048,
+ * I = 512, a gated shared expert of 512. */
+static void test_shared_and_caller_routing(void)
+{
+    sci_moe_config c = config(512, 10, 2048, 512, SC_MOE_BACKEND_SM90);
+    c.shared = 1;
+    c.groups = 513;
+    c.slots = 11;
+    c.logit_cols = 513;
+    /* T = 1: one routing launch over ceil(513 / 2) = 257 blocks (the gate's column too). */
+    sci_moe_plan p = plan(&c, 1);
+    CHECK(p.route_small);
+    CHECK_EQ(p.rows, 11);
+    CHECK_EQ(p.route.grid.x, 257);
+    /* T = 100: router over 513 columns in 5 column tiles; offsets a thread per group in
+     * whole warps (544); 1100 rows; M tiles 1100 / 128 + 513 = 521 (W13: 521 x 512 / 128). */
+    p = plan(&c, 100);
+    CHECK(!p.route_small);
+    CHECK_EQ(p.router.grid.y, 5);
+    CHECK_EQ(p.rows, 1100);
+    CHECK_LAUNCH(p.offsets, 1, 1, 1, 544, 0);
+    NOT_LAUNCHED(p.count_ids);
+    /* The caller's routing: for T = 1 too in steps; a thread per token counts the ids; the
+     * router computes the gate's column alone (one column tile). */
+    sci_moe_plan q;
+    sci_moe_plan_make(&c, 1, true, &q);
+    CHECK(!q.route_small);
+    NOT_LAUNCHED(q.topk);
+    CHECK_LAUNCH(q.count_ids, 1, 1, 1, 256, 0);
+    CHECK_EQ(q.router.grid.y, 1);
+    CHECK_EQ(q.rows, 11);
+    sci_moe_plan_make(&c, 1000, true, &q);
+    CHECK_LAUNCH(q.count_ids, 4, 1, 1, 256, 0);
+    /* Without a gate the caller's routing makes no router launch. */
+    c.logit_cols = 512;
+    sci_moe_plan_make(&c, 1000, true, &q);
+    NOT_LAUNCHED(q.router);
+    /* The workspace: logits per router column, ids and weights T x k, the rows T (k + S),
+     * counts and offsets per group, a shared weight per token. */
+    uint64_t n[SCI_MOE_W_COUNT];
+    c.logit_cols = 513;
+    sci_moe_workspace_counts(&c, 100, n);
+    CHECK_EQ(n[SCI_MOE_W_LOGITS], 100 * 16 * 513); /* 16 splits' slices of 100 tokens */
+    CHECK_EQ(n[SCI_MOE_W_IDS], 1000);
+    CHECK_EQ(n[SCI_MOE_W_POS], 1100);
+    CHECK_EQ(n[SCI_MOE_W_H], 1100 * 512);
+    CHECK_EQ(n[SCI_MOE_W_COUNTS], 513);
+    CHECK_EQ(n[SCI_MOE_W_ROW_OFF], 514);
+    CHECK_EQ(n[SCI_MOE_W_SHARED_W], 100);
+}
+
 int main(void)
 {
     test_sm90_small_layer();
@@ -422,5 +475,6 @@ int main(void)
     test_workspace_growth_and_limits();
     test_tables();
     test_invariants();
+    test_shared_and_caller_routing();
     return test_result("test_moe_plan");
 }
