@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Plot bench_moe's results: one panel per layer, forward time (ms, log) against tokens T
-(log), with safecuda's fused layer, the torch expert loop, torch._grouped_mm and the floor.
+"""Plot bench_moe's results: one panel per layer (two columns, in the CSV's order), forward
+time (ms, log) against tokens T (log, the counts that layer ran), with safecuda's fused
+layer, the torch expert loop, torch._grouped_mm and the floor.
 
     plot_moe.py bench_moe.csv bench_moe.png
 
@@ -17,6 +18,10 @@ SHAPES = {
     "qwen3moe": "E=128 k=8 H=2048 I=768",
     "olmoe": "E=64 k=8 H=2048 I=1024",
     "dsv3": "E=256 k=8 H=7168 I=2048",
+    "deepseek_v3": "E=256 k=8 H=7168 I=2048, groups 4/8, shared 2048",
+    "kimi_k2": "E=384 k=8 H=7168 I=2048, shared 2048",
+    "qwen3_next": "E=512 k=10 H=2048 I=512, gated shared 512",
+    "gpt_oss_120b": "E=128 k=4 H=2880 I=2880, clamped SwiGLU, biases",
 }
 
 SERIES = (  # column, label, style
@@ -89,7 +94,7 @@ def main():
     for j in range(len(names), nrows * ncols):
         axes[j // ncols][j % ncols].axis("off")
     fig.suptitle("MoE layer forward, bf16 (% = floor / safecuda time)", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the title
     fig.savefig(dst, dpi=120)
     print(dst)
     return 0
