@@ -170,8 +170,9 @@ static sc_status check_weight(sc_buffer b, sc_view v, const char *what, const ch
                         "the weight is one or the other", what, view_name);
     if (!b.id && !v.buffer.id) {
         if (required)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s%s%s is missing", what,
-                            view_name ? " (or desc->" : "", view_name ? view_name : "");
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s%s%s%s is missing", what,
+                            view_name ? " (or desc->" : "", view_name ? view_name : "",
+                            view_name ? ")" : "");
         return SC_OK;
     }
     const char *name = b.id || !view_name ? what : view_name;
@@ -1103,6 +1104,24 @@ sc_status sc_moe_routing_check(sc_stream stream, sc_moe layer)
     return s;
 }
 
+/* After a stale handle: name the layer's weight whose buffer was destroyed, if one was. */
+static void name_stale_weight(const sci_moe *m)
+{
+    static const char *const names[SCI_MOE_WT_COUNT] = {
+        "router", "w13", "w2", "selection_bias", "router_bias", "w13_bias", "w2_bias",
+        "shared_w13", "shared_w2", "shared_gate"};
+    char *message = sci_error_save();
+    for (int i = 0; i < SCI_MOE_WT_COUNT; i++) {
+        sc_buffer_props p;
+        if (m->wt[i].buffer.id && sc_buffer_info(m->wt[i].buffer, &p) == SC_ERR_STALE_HANDLE) {
+            sci_error_restore(message);
+            sci_error_append(" (the layer's weight desc->%s)", names[i]);
+            return;
+        }
+    }
+    sci_error_restore(message);
+}
+
 /* After a forward's launches: on a wrapped stream, one point recorded for the whole forward. */
 static sc_status mark_wrapped(const sci_moe *m, sc_stream stream, sc_status s, const char *fn)
 {
@@ -1174,6 +1193,10 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         pthread_mutex_unlock(&m->lock);
     }
     s = steps_finish(&st, s);
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
     sci_registry_release(obj);
@@ -1216,6 +1239,8 @@ sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids, s
         }
         pthread_mutex_unlock(&m->lock);
     }
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
     sci_registry_release(obj);
