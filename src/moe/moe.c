@@ -217,50 +217,50 @@ static sc_status check_desc(sc_moe_desc *d, const char *fn)
     if (d->dtype == SC_DTYPE_INVALID)
         d->dtype = SC_BF16;
     if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d->backend);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->backend = %d", (int)d->backend);
     const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
     if (d->dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
                         sc_dtype_name(d->dtype));
     if (E < 1 || E > SC_MOE_MAX_EXPERTS)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "experts = %d (1 .. %d)", E,
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->experts = %d (1 .. %d)", E,
                         SC_MOE_MAX_EXPERTS);
     if (k < 1 || k > E || k > SC_MOE_MAX_TOPK)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "top_k = %d: it must be 1 .. min(experts "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->top_k = %d: it must be 1 .. min(experts "
                         "= %d, %d)", k, E, SC_MOE_MAX_TOPK);
     if (H <= 0 || H % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "hidden = %d: the kernels need a positive "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->hidden = %d: the kernels need a positive "
                         "multiple of %d", H, SC_MOE_ALIGN);
     if (I <= 0 || I % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "intermediate = %d: the kernels need a "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->intermediate = %d: the kernels need a "
                         "positive multiple of %d", I, SC_MOE_ALIGN);
     if (d->scoring != SC_MOE_SOFTMAX && d->scoring != SC_MOE_SIGMOID)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d->scoring);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->scoring = %d", (int)d->scoring);
     if (d->n_group || d->topk_group) {
         if (d->n_group < 1 || d->n_group > 32 || E % d->n_group || E / d->n_group < 2)
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                            "n_group = %d: it must be 1 .. 32 and divide experts = %d into "
+                            "desc->n_group = %d: it must be 1 .. 32 and divide desc->experts = %d into "
                             "groups of 2 or more (a group is scored by its two best experts)",
                             d->n_group, E);
         if (d->topk_group < 1 || d->topk_group > d->n_group)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "topk_group = %d: it must be 1 .. "
-                            "n_group = %d", d->topk_group, d->n_group);
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->topk_group = %d: it must be 1 .. "
+                            "desc->n_group = %d", d->topk_group, d->n_group);
         if (k > d->topk_group * (E / d->n_group))
             return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                            "top_k = %d is more than the %d experts of topk_group = %d groups of "
+                            "desc->top_k = %d is more than the %d experts of desc->topk_group = %d groups of "
                             "%d", k, d->topk_group * (E / d->n_group), d->topk_group,
                             E / d->n_group);
     }
     if (!(d->routed_scaling >= 0.f) || d->routed_scaling > 1e30f)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "routed_scaling = %g: it must be finite and "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->routed_scaling = %g: it must be finite and "
                         ">= 0 (0 means 1)", (double)d->routed_scaling);
     if (d->routed_scaling == 0.f)
         d->routed_scaling = 1.f;
     if ((unsigned)d->activation > SC_MOE_SWIGLU_CLAMP)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "activation = %d", (int)d->activation);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->activation = %d", (int)d->activation);
     if (d->activation != SC_MOE_SWIGLU_CLAMP && (d->swiglu_alpha != 0.f || d->swiglu_limit != 0.f))
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "swiglu_alpha = %g, swiglu_limit = %g: they are SC_MOE_SWIGLU_CLAMP's "
+                        "desc->swiglu_alpha = %g, desc->swiglu_limit = %g: they are SC_MOE_SWIGLU_CLAMP's "
                         "constants, and the activation is %d", (double)d->swiglu_alpha,
                         (double)d->swiglu_limit, (int)d->activation);
     if (d->activation == SC_MOE_SWIGLU_CLAMP) {
@@ -269,18 +269,18 @@ static sc_status check_desc(sc_moe_desc *d, const char *fn)
         if (d->swiglu_limit == 0.f)
             d->swiglu_limit = 7.f;
         if (!(d->swiglu_alpha > 0.f) || d->swiglu_alpha > 1e30f)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "swiglu_alpha = %g: it must be finite "
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_alpha = %g: it must be finite "
                             "and > 0", (double)d->swiglu_alpha);
         if (!(d->swiglu_limit > 0.f) || d->swiglu_limit > 1e30f)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "swiglu_limit = %g: it must be finite "
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_limit = %g: it must be finite "
                             "and > 0", (double)d->swiglu_limit);
     }
     if ((unsigned)d->w13_layout > SC_MOE_W13_INTERLEAVED)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "w13_layout = %d", (int)d->w13_layout);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->w13_layout = %d", (int)d->w13_layout);
     const int Is = d->shared_intermediate;
     if (Is < 0 || Is % I || Is / I > SC_MOE_MAX_SHARED)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "shared_intermediate = %d: it must be 0 or a multiple of intermediate = "
+                        "desc->shared_intermediate = %d: it must be 0 or a multiple of intermediate = "
                         "%d, at most %d of it", Is, I, SC_MOE_MAX_SHARED);
     return SC_OK;
 }
