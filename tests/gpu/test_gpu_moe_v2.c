@@ -26,11 +26,6 @@
 #include "../test.h"
 #include "safecuda/moe.h"
 
-/* Referenced weakly: a library without them still links this program, which then fails in
- * main (it does not skip). */
-#pragma weak sc_moe_route
-#pragma weak sc_moe_routing_check
-
 static bool quick; /* under compute-sanitizer: fewer and smaller cases */
 static sc_context the_ctx;
 static sc_moe_backend backends[2];
@@ -1189,10 +1184,6 @@ int main(void)
 {
     gpu_require();
     quick = getenv("SAFECUDA_UNDER_SANITIZER") != NULL;
-    if (!sc_moe_route || !sc_moe_routing_check) {
-        printf("test_gpu_moe_v2: FAILED: the library has no sc_moe_route or sc_moe_routing_check\n");
-        return 1;
-    }
     REQUIRE(sc_context_create(NULL, &the_ctx) == SC_OK);
     sc_device_props props;
     REQUIRE(sc_device_info(0, &props) == SC_OK);
