@@ -283,6 +283,8 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
     for (int i = 0; i < PL; i++) {
         int e = i * 32 + lane;
         sel[i] = e < E ? score[i] + (p.has_sel_bias ? sel_bias[e] : 0.f) : NEG_INF;
+        if (sel[i] != sel[i]) // NaN (from a NaN or Inf in x): never chosen over a number
+            sel[i] = NEG_INF;
     }
     if (p.topk_group < p.n_group) {
         // Group-limited: a group's score is the sum of its two best selection scores; the
@@ -311,7 +313,7 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
                 b2 = n2;
             }
             if (lane == g)
-                mine = b1 + b2;
+                mine = b1 + b2 == b1 + b2 ? b1 + b2 : NEG_INF;
         }
         unsigned keep = 0;
         for (int j = 0; j < p.topk_group; j++) {
@@ -369,11 +371,16 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
                 sel[i] = NEG_INF;
     }
     if (lane == 0) {
+        // Every choice is an expert (all -inf: the lowest index, chosen again); weights that
+        // all underflow to 0 stay 0 when renormalized.
         for (int j = 0; j < k; j++) {
-            ids[j] = chosen_e[j];
-            weights[j] = (p.renormalize ? chosen_w[j] / total : chosen_w[j]) * p.scale;
+            const int e = chosen_e[j] < E ? chosen_e[j] : 0;
+            ids[j] = e;
+            weights[j] = (p.renormalize ? (total > 0.f ? chosen_w[j] / total : 0.f)
+                                        : chosen_w[j]) *
+                         p.scale;
             if (counts)
-                atomicAdd(&counts[chosen_e[j]], 1);
+                atomicAdd(&counts[e], 1);
         }
         if (shared_w)
             *shared_w = p.has_gate ? sigmoidf_(logit_at(row, split_stride, p.splits, E)) : 1.f;
@@ -513,24 +520,19 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b)
 
 #define ROUTE_SLOTS (SC_MOE_MAX_TOPK + SC_MOE_MAX_SHARED)
 
-extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
-sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const float *sel_bias,
-                   const float *router_bias, float *logits, int *ids, float *weights,
-                   float *shared_w, int *row_offsets, int *tile_offsets, int *perm_token,
-                   float *perm_weight, int *pos, bf16_t *x_perm, unsigned *ticket, int H,
-                   int gather, sc_moe_route_params p)
+// Logits of EX columns from column e0 of [Wg; gate] (E rows of Wg, then the gate row) for
+// all T (<= SC_MOE_ROUTE_TOKENS) tokens, by one block of SC_MOE_ROUTE_THREADS: the warps
+// split H, each lane keeps EX x TOKENS partial sums; x and the weight rows are read with
+// unconditional 16-byte loads (rows past T repeat row T - 1, columns past the last repeat
+// it: ignored) so that every load of a step is in flight at once. Then lanes, then warps
+// are summed (in warp order). A column's value does not depend on EX or e0: the routing
+// (EX = SC_MOE_ROUTE_EXPERTS) and the caller routing's gate (EX = 1) get the same bits.
+template <int EX>
+__device__ __forceinline__ void small_logits(const bf16_t *x, const bf16_t *wg, const bf16_t *gate,
+                                             float *logits, int T, int E, int cols, int H, int e0)
 {
-    griddep_enter();
-    // Logits of SC_MOE_ROUTE_EXPERTS columns for all T (<= SC_MOE_ROUTE_TOKENS) tokens: the
-    // warps split H, each lane keeps EXPERTS x TOKENS partial sums; x and the weight rows are
-    // read with unconditional 16-byte loads (rows past T repeat row T - 1, columns past the
-    // last repeat it: ignored) so that every load of a step is in flight at once. Then
-    // lanes, then warps are summed.
-    const int T = p.T, E = p.E, k = p.k, cols = p.logit_cols;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int NW = SC_MOE_ROUTE_THREADS / 32, EX = SC_MOE_ROUTE_EXPERTS,
-                  TK = SC_MOE_ROUTE_TOKENS;
-    const int e0 = blockIdx.x * EX;
+    constexpr int NW = SC_MOE_ROUTE_THREADS / 32, TK = SC_MOE_ROUTE_TOKENS;
     __shared__ float partial[NW][EX * TK];
     {
         float acc[EX][TK];
@@ -584,6 +586,21 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
         if (e0 + a < cols && j < T)
             logits[(long long)j * cols + e0 + a] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
+sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const float *sel_bias,
+                   const float *router_bias, float *logits, int *ids, float *weights,
+                   float *shared_w, int *row_offsets, int *tile_offsets, int *perm_token,
+                   float *perm_weight, int *pos, bf16_t *x_perm, unsigned *ticket, int H,
+                   int gather, sc_moe_route_params p)
+{
+    griddep_enter();
+    const int T = p.T, E = p.E, k = p.k, cols = p.logit_cols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int NW = SC_MOE_ROUTE_THREADS / 32;
+    small_logits<SC_MOE_ROUTE_EXPERTS>(x, wg, gate, logits, T, E, cols, H,
+                                       blockIdx.x * SC_MOE_ROUTE_EXPERTS);
 
     // The last block does the rest.
     __shared__ int last;
@@ -615,6 +632,10 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float w;
         const int t = i / slots, ex = slot_expert(ids, weights, shared_w, t, i % slots, E, k, &w);
+        if (ex < 0) { // (top-k writes experts only: a backstop)
+            pos[i] = -1;
+            continue;
+        }
         const int q = offs[ex] + atomicAdd(&cursor[ex], 1);
         perm[q] = t;
         perm_token[q] = t;
@@ -623,7 +644,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
     }
     __syncthreads();
     if (gather)
-        for (int q = warp; q < n; q += NW) {
+        for (int q = warp; q < row_offsets[groups]; q += NW) {
             const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[q] * H);
             uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
             for (int c = lane; c < H / 8; c += 32)
@@ -631,6 +652,15 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
         }
     if (threadIdx.x == 0)
         *ticket = 0u;
+}
+
+// The shared gate's logits for the caller's routing of few tokens (T <= SC_MOE_ROUTE_SMALL_MAX_T,
+// one block): logits[t] = x[t] . gate, the same bits as sc_moe_route_small's gate column.
+extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
+sc_moe_gate_small(const bf16_t *x, const bf16_t *gate, float *logits, int T, int H)
+{
+    griddep_enter();
+    small_logits<1>(x, gate, gate, logits, T, 0, 1, H, 0);
 }
 
 // x in expert order, one warp per row: x_perm[p] = x[perm_token[p]] (rows: a bound; the

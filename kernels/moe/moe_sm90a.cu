@@ -383,9 +383,13 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                     for (int h = 0; h < 2; h++) {
                         const int row = r0 + 8 * h;
                         if (row < tl.row_end && col < N) {
-                            float g0 = acc[f * 4 + 2 * h] + bb0.x, g1 = acc[f * 4 + 2 * h + 1] + bb1.x;
-                            float u0 = acc[(f + BN / 16) * 4 + 2 * h] + bb0.y;
-                            float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1] + bb1.y;
+                            float g0 = acc[f * 4 + 2 * h], g1 = acc[f * 4 + 2 * h + 1];
+                            float u0 = acc[(f + BN / 16) * 4 + 2 * h];
+                            float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1];
+                            if (has_bias) {
+                                g0 += bb0.x, g1 += bb1.x;
+                                u0 += bb0.y, u1 += bb1.y;
+                            }
                             float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
                             float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
                             *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =

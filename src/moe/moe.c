@@ -888,13 +888,21 @@ static sc_status issue_count_ids(const forward *f)
     const sci_moe_plan *p = f->p;
     const int32_t zero = 0;
     const bool gate = m->wt[SCI_MOE_WT_SHARED_GATE].buffer.id != 0;
-    const sc_moe_route_params rp = route_params(f, gate ? p->router_splits : 1);
+    const bool small = p->gate_small.grid.x != 0;
+    const sc_moe_route_params rp = route_params(f, gate && !small ? p->router_splits : 1);
     sc_status s;
     if ((s = step(f->st, "zero counts")) != SC_OK ||
         (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
         return s;
-    if (gate && ((s = step(f->st, "shared gate gemm")) != SC_OK ||
-                 (s = issue_router(f, 0, 1)) != SC_OK))
+    if (gate && small &&
+        ((s = step(f->st, "shared gate (small T)")) != SC_OK ||
+         (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_GATE_SMALL], &p->gate_small,
+                        sc_arg_in(f->x), sc_arg_in(m->wt[SCI_MOE_WT_SHARED_GATE]),
+                        sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_i32((int32_t)p->tokens),
+                        sc_arg_i32(m->desc.hidden))) != SC_OK))
+        return s;
+    if (gate && !small &&
+        ((s = step(f->st, "shared gate gemm")) != SC_OK || (s = issue_router(f, 0, 1)) != SC_OK))
         return s;
     if ((s = step(f->st, "count ids")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_COUNT_IDS], &p->count_ids, sc_arg_in(f->ids),

@@ -40,6 +40,7 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_W13_W] = {SM90_CU, "sc_moe_w13_sm90_wide", SM90, SM90_SMEM_W},
     [SCI_MOE_K_W2_W] = {SM90_CU, "sc_moe_w2_sm90_wide", SM90, SM90_SMEM_W},
     [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
+    [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
 };
 
 const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {
@@ -197,9 +198,16 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
         return;
     }
     if (caller) {
-        /* The gate's logits alone (one column), when there is a gate. */
-        if (c->logit_cols > c->experts)
-            plan_router(c, 1, p);
+        /* The gate's logits alone (one column), when there is a gate, computed as the
+         * layer's own routing computes its gate column (the same bits): for few tokens as
+         * sc_moe_route_small does, else by the router GEMM split over H as for all the
+         * columns, launched over the one column tile. */
+        if (c->logit_cols > c->experts && T <= SC_MOE_ROUTE_SMALL_MAX_T) {
+            p->gate_small = launch(1, 1, 1, SC_MOE_ROUTE_THREADS, 0, pdl);
+        } else if (c->logit_cols > c->experts) {
+            plan_router(c, (uint64_t)c->logit_cols, p);
+            p->router.grid.y = 1;
+        }
         p->count_ids = launch(ceil_div(T, 256), 1, 1, 256, 0, pdl);
     } else {
         plan_router(c, (uint64_t)c->logit_cols, p);

@@ -18,7 +18,7 @@ typedef enum sci_moe_kernel {
     SCI_MOE_K_SCATTER_GATHER, SCI_MOE_K_W13_L, SCI_MOE_K_W2_L, SCI_MOE_K_W13_S,
     SCI_MOE_K_W2_S, /* SM90 backend */
     SCI_MOE_K_ROUTE_SMALL, SCI_MOE_K_GATHER, SCI_MOE_K_W13_M, SCI_MOE_K_W2_M, SCI_MOE_K_W13_W,
-    SCI_MOE_K_W2_W, SCI_MOE_K_COUNT_IDS,
+    SCI_MOE_K_W2_W, SCI_MOE_K_COUNT_IDS, SCI_MOE_K_GATE_SMALL,
     SCI_MOE_K_COUNT
 } sci_moe_kernel;
 
@@ -105,7 +105,10 @@ typedef struct sci_moe_plan {
     int router_splits;      /* the router GEMM splits H in this many (blocks along z) */
     int router_k_chunk;     /* columns of H per split */
     sc_launch_desc router, topk, offsets, scatter; /* scatter + gather x on SM90 */
-    sc_launch_desc count_ids; /* the caller's routing: instead of top-k (router: the gate's) */
+    sc_launch_desc count_ids; /* the caller's routing: instead of top-k; the gate's logits
+                                 by gate_small (few tokens) or the router (the routing's
+                                 splits of H, one column tile): the routing's bits */
+    sc_launch_desc gate_small;
     /* The expert GEMMs: W13 (gate and up, silu) then W2 (down, routing weight). */
     int tile;               /* the SM90 tile shape (sci_moe_tile), -1 for MMA */
     sci_moe_kernel k13, k2;

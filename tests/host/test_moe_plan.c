@@ -437,16 +437,25 @@ static void test_shared_and_caller_routing(void)
     CHECK_LAUNCH(p.offsets, 1, 1, 1, 544, 0);
     NOT_LAUNCHED(p.count_ids);
     /* The caller's routing: for T = 1 too in steps; a thread per token counts the ids; the
-     * router computes the gate's column alone (one column tile). */
+     * gate's column alone, as the layer's own routing computes it: for few tokens in one
+     * block as the one-launch routing does, else by the router with the routing's splits
+     * of H over the one column tile. */
     sci_moe_plan q;
     sci_moe_plan_make(&c, 1, true, &q);
     CHECK(!q.route_small);
     NOT_LAUNCHED(q.topk);
+    NOT_LAUNCHED(q.router);
+    CHECK_LAUNCH(q.gate_small, 1, 1, 1, 256, 0);
     CHECK_LAUNCH(q.count_ids, 1, 1, 1, 256, 0);
-    CHECK_EQ(q.router.grid.y, 1);
     CHECK_EQ(q.rows, 11);
     sci_moe_plan_make(&c, 1000, true, &q);
     CHECK_LAUNCH(q.count_ids, 4, 1, 1, 256, 0);
+    NOT_LAUNCHED(q.gate_small);
+    sci_moe_plan own = plan(&c, 1000);
+    CHECK_EQ(q.router.grid.x, own.router.grid.x);
+    CHECK_EQ(q.router.grid.y, 1);
+    CHECK_EQ(q.router.grid.z, own.router.grid.z);
+    CHECK_EQ(q.router_k_chunk, own.router_k_chunk);
     /* Without a gate the caller's routing makes no router launch. */
     c.logit_cols = 512;
     sci_moe_plan_make(&c, 1000, true, &q);
