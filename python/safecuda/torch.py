@@ -368,6 +368,11 @@ class _Layer:
                                  f"a contiguous bfloat16 tensor of x's shape {list(x.shape)} "
                                  f"on {x.device}; got {getattr(out, 'dtype', type(out))} "
                                  f"{list(getattr(out, 'shape', ()))}")
+            if x.data_ptr() < out.data_ptr() + out.nbytes and \
+                    out.data_ptr() < x.data_ptr() + x.nbytes:
+                raise ValueError("safecuda.torch.MoE: the tensor to accumulate into overlaps x "
+                                 "(the layer reads x while it writes the sum): give another "
+                                 "tensor")
         else:
             out = torch.empty_like(x, memory_format=torch.contiguous_format)
         if (ids is None) != (weights is None):
