@@ -686,13 +686,14 @@ def test_v2_module_checks(torch, sct):
         sct.MoE(*base, top_k=4, w13_bias=W["w13_bias"].to(torch.bfloat16))
     with pytest.raises(ValueError, match=r"w2_bias must be \[E, H\] = \[32, 256\]"):
         sct.MoE(*base, top_k=4, w2_bias=W["w2_bias"][:, :128].contiguous())
-    s13 = torch.zeros(2 * 64, 256, device="cuda", dtype=torch.bfloat16)
-    s2 = torch.zeros(256, 64, device="cuda", dtype=torch.bfloat16)
+    # A shared expert of I_s = I = 256 (zero weights: the checks are what is tested).
+    s13 = torch.zeros(2 * 256, 256, device="cuda", dtype=torch.bfloat16)
+    s2 = torch.zeros(256, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="shared_w13 and shared_w2 are given together"):
         sct.MoE(*base, top_k=4, shared_w13=s13)
     with pytest.raises(ValueError, match="shared_gate scales the shared expert"):
         sct.MoE(*base, top_k=4, shared_gate=s2[:, 0].contiguous())
-    with pytest.raises(ValueError, match=r"shared_w13 must be \[2 I_s, H\] = \[128, 256\]"):
+    with pytest.raises(ValueError, match=r"shared_w13 must be \[2 I_s, H\] = \[512, 256\]"):
         sct.MoE(*base, top_k=4, shared_w13=s13[:64], shared_w2=s2)
     with pytest.raises(ValueError, match="shared_gate must hold H = 256"):
         sct.MoE(*base, top_k=4, shared_w13=s13, shared_w2=s2,
@@ -704,8 +705,8 @@ def test_v2_module_checks(torch, sct):
     layer = sct.MoE(*base, top_k=4, activation="swiglu_clamp", w13_layout="interleaved",
                     shared_w13=s13, shared_w2=s2,
                     shared_gate=torch.zeros(1, 256, device="cuda", dtype=torch.bfloat16))
-    assert layer.shared_intermediate == 64 and layer.shared_w2 is s2
-    assert "activation=swiglu_clamp" in repr(layer) and "shared_intermediate=64" in repr(layer)
+    assert layer.shared_intermediate == 256 and layer.shared_w2 is s2
+    assert "activation=swiglu_clamp" in repr(layer) and "shared_intermediate=256" in repr(layer)
     x = x_for(torch, c, 8, 2)
     ids, w = layer.route(x)
     with pytest.raises(ValueError, match=r"\[\.\.\., k=4\] for the 8 tokens"):
