@@ -351,8 +351,6 @@ def test_moe_module_checks(torch, sct):
 
 # ---- the v2 layer: every option against the float32 reference ----------------------------------
 
-from moe_reference import routing_weights  # noqa: E402
-
 # The models' layer structures at test sizes. shared: I_s / I (0: no shared expert);
 # gate: the shared expert's sigmoid gate; router_bias / expert_bias: gpt-oss's biases;
 # scale: of the W13 weights (x W13 ~ scale: 3 makes the swiglu clamp bite).
