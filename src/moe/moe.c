@@ -722,7 +722,40 @@ static sc_status check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, u
          (s = check_tk(m, opts->routing_weights, "opts->routing_weights", SC_F32, T, false, fn,
                        rweights)) != SC_OK))
         return s;
+    /* The outputs are copies of the routing used: of the caller's, they may be the same
+     * views (nothing to copy), not overlap them otherwise. */
+    const struct {
+        sc_view out, in;
+        const char *out_name, *in_name;
+    } pairs[2] = {{opts->expert_ids, *rids, "expert_ids", "routing_ids"},
+                  {opts->expert_weights, *rweights, "expert_weights", "routing_weights"}};
+    for (int i = 0; i < 2; i++) {
+        if (!pairs[i].out.buffer.id || !pairs[i].in.buffer.id)
+            continue;
+        sc_view o;
+        if ((s = sc_buffer_view(pairs[i].out.buffer, pairs[i].out.offset, pairs[i].out.count,
+                                &o)) != SC_OK)
+            return s;
+        const sc_view r = pairs[i].in;
+        if (o.buffer.id == r.buffer.id && o.offset < r.offset + r.count &&
+            r.offset < o.offset + o.count && (o.offset != r.offset || o.count != r.count))
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "opts->%s overlaps opts->%s (the same buffer, elements [%llu, %llu) "
+                            "and [%llu, %llu)): it may be the same view, or apart",
+                            pairs[i].out_name, pairs[i].in_name, (unsigned long long)o.offset,
+                            (unsigned long long)(o.offset + o.count),
+                            (unsigned long long)r.offset, (unsigned long long)(r.offset + r.count));
+    }
     return SC_OK;
+}
+
+/* Whether views a and b are the same elements of the same buffer. */
+static bool same_view(sc_view a, sc_view b)
+{
+    sc_view ra;
+    return a.buffer.id == b.buffer.id &&
+           sc_buffer_view(a.buffer, a.offset, a.count, &ra) == SC_OK && ra.offset == b.offset &&
+           ra.count == b.count;
 }
 
 /* A forward being issued: the layer (its workspace locked), the plan, the stream, the
@@ -1010,10 +1043,10 @@ static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts
                        sc_arg_i32((int32_t)p->tokens), sc_arg_i32(f->m->cfg.slots),
                        sc_arg_i32(f->m->desc.hidden), sc_arg_i32(f->accumulate))) != SC_OK)
         return s;
-    if (opts && opts->expert_ids.buffer.id &&
+    if (opts && opts->expert_ids.buffer.id && !same_view(opts->expert_ids, f->ids) &&
         (s = sc_copy(f->stream, opts->expert_ids, f->ids)) != SC_OK)
         return s;
-    if (opts && opts->expert_weights.buffer.id &&
+    if (opts && opts->expert_weights.buffer.id && !same_view(opts->expert_weights, f->weights) &&
         (s = sc_copy(f->stream, opts->expert_weights, f->weights)) != SC_OK)
         return s;
     return SC_OK;

@@ -274,6 +274,29 @@ static void test_forward_checks(void)
     CHECK_OK(sc_moe_destroy(gone));
     CHECK_FAIL(sc_moe_routing_check(SC_DEFAULT_STREAM, gone), SC_ERR_STALE_HANDLE,
                "sc_moe_routing_check");
+    /* The outputs of the routing used may be the caller's views themselves, not overlap
+     * them otherwise. */
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+                            &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids),
+                                                   .routing_weights = sc_view_of(wts),
+                                                   .expert_ids = sc_view_of(ids),
+                                                   .expert_weights = sc_view_of(wts)}));
+    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+                              &(sc_moe_forward_desc){
+                                  .routing_ids = (sc_view){ids, 0, T * k},
+                                  .routing_weights = sc_view_of(wts),
+                                  .expert_ids = (sc_view){small, 0, T * k - 1},
+                                  .expert_weights = (sc_view){f, 0, T * k}}),
+               SC_ERR_OUT_OF_BOUNDS, "opts->expert_ids");
+    sc_buffer two = buf(SC_I32, 2 * T * k);
+    CHECK_OK(sc_copy(SC_DEFAULT_STREAM, (sc_view){two, 0, T * k}, sc_view_of(ids)));
+    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+                              &(sc_moe_forward_desc){
+                                  .routing_ids = (sc_view){two, 0, T * k},
+                                  .routing_weights = sc_view_of(wts),
+                                  .expert_ids = (sc_view){two, 4, T * k}}),
+               SC_ERR_INVALID_ARGUMENT, "opts->expert_ids overlaps opts->routing_ids");
+    CHECK_OK(sc_buffer_destroy(two));
     /* No bad id was met (none can be: no kernel runs here). */
     CHECK_OK(sc_moe_routing_check(SC_DEFAULT_STREAM, layer));
     /* Nothing was enqueued by the refusals: the layer still works. */
