@@ -14,16 +14,6 @@ pytestmark = pytest.mark.testdevice
 
 E, K, H, I_ = 8, 2, 64, 32
 
-# The library's checks of the v2 desc fields exist from the release that exports
-# sc_moe_route (the whole v2 API lands at once); an older libsafecuda ignores the fields.
-# (A fixture, not a skipif mark: the marks of a test-device test are also evaluated on
-# the parent's stand-in item, which has no line to report a mark's skip at.)
-@pytest.fixture
-def needs_v2():
-    if not _lib.lib.has("sc_moe_route"):
-        pytest.skip("this libsafecuda predates the MoE v2 implementation (no sc_moe_route): "
-                    "it does not check the v2 fields")
-
 CHECK_STATUSES = (sc.Status.SC_ERR_INVALID_ARGUMENT, sc.Status.SC_ERR_TYPE_MISMATCH,
                   sc.Status.SC_ERR_OUT_OF_BOUNDS)
 
@@ -257,7 +247,6 @@ def test_a_valid_v2_desc_passes_the_checks(ctx, w):
         w2_bias=w["w2_bias"]))
 
 
-@pytest.mark.usefixtures("needs_v2")
 @pytest.mark.parametrize("kw,field", [
     (dict(n_group=3, topk_group=1), "n_group"),       # 3 does not divide E = 8
     (dict(n_group=8, topk_group=1), "n_group"),       # groups of 1 expert
@@ -275,14 +264,12 @@ def test_v2_desc_field_checks_name_the_field(ctx, w, kw, field):
     assert field in info.value.message, info.value.message
 
 
-@pytest.mark.usefixtures("needs_v2")
 def test_top_k_beyond_the_kept_groups(ctx, w):
     # E = 8 in 4 groups of 2, one group kept: at most 2 experts can be chosen.
     with pytest.raises(sc.InvalidArgumentError, match="top_k|topk_group"):
         sc.MoE(ctx, w["router"], w["w13"], w["w2"], top_k=4, n_group=4, topk_group=1)
 
 
-@pytest.mark.usefixtures("needs_v2")
 def test_v2_weight_checks_name_the_weight(ctx, w):
     wrong = ctx.buffer((E, I_), "f32", label="short bias")
     with pytest.raises(sc.SafecudaError, match="w13_bias") as info:
@@ -302,7 +289,6 @@ def test_v2_weight_checks_name_the_weight(ctx, w):
         b.close()
 
 
-@pytest.mark.usefixtures("needs_v2")
 def test_a_weight_view_must_start_16_byte_aligned(ctx):
     n = E * H
     big = ctx.buffer(n + 8, "bf16", label="checkpoint")
@@ -315,7 +301,6 @@ def test_a_weight_view_must_start_16_byte_aligned(ctx):
         b.close()
 
 
-@pytest.mark.usefixtures("needs_v2")
 def test_route_and_routing_check_of_no_layer(ctx):
     m = _bare_layer(ctx)
     x, ids, wts = ctx.buffer((4, H), "bf16"), ctx.buffer((4, K), "i32"), \
@@ -326,11 +311,3 @@ def test_route_and_routing_check_of_no_layer(ctx):
         m.routing_check()
     for b in (x, ids, wts):
         b.close()
-
-
-def test_route_needs_a_current_library():
-    """Without sc_moe_route (an older libsafecuda) the call names what is missing."""
-    if _lib.lib.has("sc_moe_route"):
-        pytest.skip("this libsafecuda has sc_moe_route")
-    with pytest.raises(sc.MissingSymbolError, match="sc_moe_route is not in"):
-        _lib.lib.sc_moe_route(0, 0, _lib.sc_view(), _lib.sc_view(), _lib.sc_view())
