@@ -23,6 +23,7 @@
 #include <math.h>
 
 #include "../moe_desc_checks.h"
+#include "../bf16.h"
 #include "../test.h"
 #include "safecuda/moe.h"
 
@@ -31,26 +32,6 @@ static sc_context the_ctx;
 static sc_moe_backend backends[2];
 static int n_backends;
 static const char *const backend_name[] = {"auto", "mma", "sm90"};
-
-/* ---- bf16 on the host ------------------------------------------------------------------- */
-
-static float bf2f(uint16_t v)
-{
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* v rounded to bf16 as the GPU rounds its fp32 h */
 static double round_bf16(double v) { return bf2f(f2bf((float)v)); }
