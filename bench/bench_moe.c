@@ -629,8 +629,14 @@ static void folder_name(const char *dir, char *out, size_t size)
     size_t n = strlen(buf);
     while (n > 1 && buf[n - 1] == '/')
         buf[--n] = '\0';
-    const char *slash = strrchr(buf, '/');
-    snprintf(out, size, "%s", slash && slash[1] ? slash + 1 : buf);
+    const char *slash = strrchr(buf, '/'), *last = slash && slash[1] ? slash + 1 : buf;
+    n = strlen(last);
+    if (n >= size)
+        die_usage("--inputs: the folder's name '%s' is longer than %zu characters: give name= "
+                  "in %s/layer.txt",
+                  last, size - 1, dir);
+    memcpy(out, last, n);
+    out[n] = '\0';
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -1116,7 +1122,7 @@ static void run_peer(const args *a, peer_result *p)
         append(tokens, sizeof tokens, "%s%" PRIu64, i ? "," : "", a->tokens[i]);
     int budget = a->o.quick ? 120 : 180; /* seconds of measuring; then nan for the rest */
 
-    char peer_args[4096] = "--specs ";
+    char peer_args[3072] = "--specs "; /* bench_peer_open's command line holds 4096 */
     bench_shell_quote(peer_args, sizeof peer_args, specs);
     strncat(peer_args, " --tokens ", sizeof peer_args - strlen(peer_args) - 1);
     bench_shell_quote(peer_args, sizeof peer_args, tokens);
