@@ -1124,9 +1124,9 @@ static sc_status report_faults(const sci_moe *m, sc_stream stream, const char *f
     if ((s = sc_fill(stream, sc_view_of(m->fault), &zero)) != SC_OK)
         return s;
     return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                    "opts->routing_ids[%u] = %d at token %u, slot %u: an expert id must be < "
-                    "experts = %d (ids < 0 are padded slots); %u such slot%s skipped",
-                    rec[1] * (uint32_t)m->desc.top_k + rec[2], (int32_t)rec[3], rec[1], rec[2],
+                    "opts->routing_ids[%u] (token %u, slot %u) = expert id %d: an expert id must "
+                    "be < experts = %d (ids < 0 are padded slots); %u such slot%s skipped",
+                    rec[1] * (uint32_t)m->desc.top_k + rec[2], rec[1], rec[2], (int32_t)rec[3],
                     m->desc.experts, rec[0], rec[0] == 1 ? " was" : "s were");
 }
 
