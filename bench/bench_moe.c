@@ -85,7 +85,7 @@
  *   copied back and scanned: any NaN or Inf (a row never written, or an overflow) fails
  *   the benchmark, as does an expert id out of range. Correctness against a reference is
  *   the test suite's job.
- * - Floor, per input: max(bytes / copy rate, FLOPs / matmul rate), with D that input's
+ * - Floor, per input: max(bytes / memory rate, FLOPs / matmul rate), with D that input's
  *   distinct routed experts and I_s the shared expert's size (0 without one):
  *     bytes = D x (3 H I x 2 + 2I x 4 with a W13 bias + H x 4 with a W2 bias)   the routed
  *                                                       experts the routing used
@@ -95,16 +95,16 @@
  *     FLOPs = 2 T E H (router) + 2 T k 3 H I (routed experts) + 2 T 3 H I_s (shared expert)
  *           + 2 T H (gate row)
  *   (the element-wise work: scores, top-k, activations, bias adds, weights, the sum, is not
- *   counted). The copy rate is a 1 GiB sc_copy D2D (read + write bytes, median of 10)
- *   measured in this run; the matmul rate is the torch peer's bf16 8192^3 matmul in this
+ *   counted). The memory rate is the larger of a 1 GiB read by a streaming kernel (bytes /
+ *   time) and a 1 GiB sc_copy D2D (read + write bytes / time), each the median of 10
+ *   measured in this run (a forward mostly reads, and reads outrun a copy's r+w rate); the matmul rate is the torch peer's bf16 8192^3 matmul in this
  *   run (a nominal figure from the device properties when the peer is unavailable).
  *   Each timed forward is matched to its own input's floor: "% of floor" is the median, over
  *   the timed forwards, of (the floor of the forward's input / the forward's time), and
  *   "floor ms" the mean of those floors. No forward can beat its floor unless it moves
  *   fewer bytes or does fewer FLOPs than counted, or runs faster than the measured rates; a
  *   point above 100 % prints a WARNING (and the summary lists it): its rates are too low
- *   for this work (a read-only stream can outrun the copy's read + write rate; a GEMM can
- *   outrun torch's 8192^3 matmul) or the timing is wrong.
+ *   for this work (a GEMM can outrun torch's 8192^3 matmul) or the timing is wrong.
  *   "weight GB/s" = the weight bytes the forward must read (bytes above without x and out)
  *   / its time, the median over the timed forwards as above; "TFLOP/s" = FLOPs / the
  *   median time.
@@ -1556,6 +1556,68 @@ static double measure_copy_tbs(env *e)
     return 2.0 * (double)GIB / (bench_median(ms, 10) * 1e-3) * 1e-12;
 }
 
+/* ---- the read rate: 1 GiB read by a streaming kernel, bytes / time, median of 10 ----------
+ * A forward mostly reads (its weights), and a read-only stream outruns a copy's read + write
+ * rate, so the floor's bandwidth is the larger of the two. The kernel reads 16 bytes per
+ * load, four loads in flight per thread, and folds them into a word that is stored only if
+ * it equals a constant (so the loads can't be dropped and nearly nothing is written). */
+static const char read_kernel_src[] =
+    "extern \"C\" __global__ void __launch_bounds__(512)\n"
+    "bench_read(const uint4 *a, unsigned long long n, unsigned *out)\n"
+    "{\n"
+    "    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n"
+    "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    unsigned acc = 0;\n"
+    "    for (; i + 3 * stride < n; i += 4 * stride) {\n"
+    "        const uint4 v0 = __ldcs(a + i), v1 = __ldcs(a + i + stride);\n"
+    "        const uint4 v2 = __ldcs(a + i + 2 * stride), v3 = __ldcs(a + i + 3 * stride);\n"
+    "        acc ^= v0.x ^ v0.y ^ v0.z ^ v0.w ^ v1.x ^ v1.y ^ v1.z ^ v1.w;\n"
+    "        acc ^= v2.x ^ v2.y ^ v2.z ^ v2.w ^ v3.x ^ v3.y ^ v3.z ^ v3.w;\n"
+    "    }\n"
+    "    for (; i < n; i += stride) {\n"
+    "        const uint4 v = __ldcs(a + i);\n"
+    "        acc ^= v.x ^ v.y ^ v.z ^ v.w;\n"
+    "    }\n"
+    "    if (acc == 0x9e3779b9u)\n"
+    "        out[blockIdx.x] = acc;\n"
+    "}\n";
+
+static double measure_read_tbs(env *e, int sm_count)
+{
+    const uint64_t n = GIB / 2; /* bf16 elements */
+    const uint32_t blocks = (uint32_t)sm_count * 4;
+    sc_buffer src = new_bf16(e, n, "read src");
+    sc_buffer out = new_buffer(e, SC_U32, blocks, "read out");
+    fill_random(e, src, 0, n, e->xblk);
+    sc_program prog;
+    sc_module mod;
+    sc_kernel k;
+    SC_TRY(sc_program_create(e->ctx,
+                             &(sc_program_desc){.source = read_kernel_src, .name = "bench_read.cu"},
+                             &prog));
+    SC_TRY(sc_module_load(e->ctx, prog, &mod));
+    SC_TRY(sc_kernel_get(mod, "bench_read", &k));
+    const sc_launch_desc cfg = {.grid = {blocks, 1, 1}, .block = {512, 1, 1}};
+    double ms[10];
+    for (int i = -2; i < 10; i++) {
+        SC_TRY(sc_event_record(e->ev0, e->st));
+        SC_TRY(SC_LAUNCH(e->st, k, &cfg, sc_arg_in(sc_view_of(src)), sc_arg_u64(GIB / 16),
+                         sc_arg_out(sc_view_of(out))));
+        SC_TRY(sc_event_record(e->ev1, e->st));
+        SC_TRY(sc_event_synchronize(e->ev1));
+        float f = 0.f;
+        SC_TRY(sc_event_elapsed(e->ev0, e->ev1, &f));
+        if (i >= 0)
+            ms[i] = f;
+    }
+    SC_TRY(sc_module_destroy(mod));
+    SC_TRY(sc_program_destroy(prog));
+    SC_TRY(sc_buffer_destroy(src));
+    SC_TRY(sc_buffer_destroy(out));
+    SC_TRY(sc_context_trim(e->ctx));
+    return (double)GIB / (bench_median(ms, 10) * 1e-3) * 1e-12;
+}
+
 /* ---- one layer ---------------------------------------------------------------------------- */
 
 typedef struct floor_terms {
@@ -1840,7 +1902,7 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
     print_row(a, ci, ti);
     if (p->pct > 100.0)
         printf("  WARNING: %s T=%" PRIu64 " reads %.1f %% of its floor: faster than the floor "
-               "allows. The floor's rates (copy %.2f TB/s, matmul %.0f TFLOP/s) are below what "
+               "allows. The floor's rates (memory %.2f TB/s, matmul %.0f TFLOP/s) are below what "
                "this forward reached, or its bytes or FLOPs are counted wrong, or the timing "
                "is: this point's %% of floor is not a result\n",
                c->name, T, p->pct, copy_tbs, tflops);
@@ -2011,7 +2073,7 @@ static void plot(const args *a, const char *csv, char *msg, size_t size)
                  st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1, last);
 }
 
-static void summary(const args *a, const sc_device_props *props, double copy_tbs,
+static void summary(const args *a, const sc_device_props *props, double read_tbs, double copy_tbs,
                     const peer_result *peer, double tflops, bool tflops_nominal,
                     const bool *failed, const char *csv, const char *png)
 {
@@ -2019,9 +2081,10 @@ static void summary(const args *a, const sc_device_props *props, double copy_tbs
     char torch_copy[64] = "";
     if (!isnan(peer->copy_tbs))
         snprintf(torch_copy, sizeof torch_copy, "; torch %.2f", peer->copy_tbs);
-    printf("floor rates: copy %.2f TB/s (r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s); "
+    printf("floor rates: memory %.2f TB/s (the larger of: read %.2f TB/s, 1 GiB streaming "
+           "kernel; copy %.2f TB/s, r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s); "
            "floor bytes count the experts each input's routing used\n",
-           copy_tbs, torch_copy, tflops,
+           dmax(read_tbs, copy_tbs), read_tbs, copy_tbs, torch_copy, tflops,
            tflops_nominal ? "nominal: no peer" : "torch bf16 8192^3");
     printf("ms = median forward; %%fl = median of floor / time; x loop, x grpd = torch time / "
            "ours%s%s%s; -: not measured\n",
@@ -2132,16 +2195,21 @@ int main(int argc, char **argv)
         &e.staging));
     e.xblk = make_block(&e, 1.0, "random block N(0,1)");
 
-    double copy_tbs = measure_copy_tbs(&e);
+    const double copy_only_tbs = measure_copy_tbs(&e);
+    const double read_tbs = measure_read_tbs(&e, props.sm_count);
+    /* The floor's bandwidth: the faster of the two ways of moving bytes measured here. */
+    const double copy_tbs = dmax(copy_only_tbs, read_tbs);
     double tflops = peer.matmul_tflops;
     bool nominal = isnan(tflops) || tflops <= 0;
     if (nominal) { /* dense bf16 tensor FLOP per SM per clock: 4096 on Hopper */
         double per_clk = props.cc_major >= 10 ? 8192 : props.cc_major == 9 ? 4096 : 2048;
         tflops = props.sm_count * (props.clock_khz * 1e3) * per_clk * 1e-12;
     }
-    printf("\nrates: copy %.3f TB/s (1 GiB sc_copy D2D, read + write, median of 10); matmul "
+    printf("\nrates: read %.3f TB/s (1 GiB by a streaming kernel, median of 10), copy %.3f TB/s "
+           "(1 GiB sc_copy D2D, read + write, median of 10): the floor uses %.3f; matmul "
            "%.1f TFLOP/s (%s)\n",
-           copy_tbs, tflops, nominal ? "nominal, from the device properties" : "torch peer");
+           read_tbs, copy_only_tbs, copy_tbs, tflops,
+           nominal ? "nominal, from the device properties" : "torch peer");
 
     bool failed[MAX_CONFIGS] = {false};
     int rc = 0;
@@ -2165,6 +2233,6 @@ int main(int argc, char **argv)
     } else {
         csv[0] = '\0';
     }
-    summary(&a, &props, copy_tbs, &peer, tflops, nominal, failed, csv, png);
+    summary(&a, &props, read_tbs, copy_only_tbs, &peer, tflops, nominal, failed, csv, png);
     return rc;
 }
