@@ -1,58 +1,155 @@
 /* bench_moe: the Mixture-of-Experts layer (sc_moe_forward) against its floor and PyTorch.
  *
- *   bench_moe [--out DIR] [--quick] [--configs mixtral,qwen3moe,olmoe,dsv3]
- *             [--tokens 1,16,64,...]
+ *   bench_moe [--out DIR] [--quick] [--configs NAME,...] [--tokens 1,16,64,...]
+ *             [--backend auto|mma|sm90] [--inputs DIR | --save-inputs DIR]
+ *             [--baseline FILE [--baseline-label NAME]]
  *
- * Layers (bf16 weights and activations):
- *   mixtral   E=8   k=2 H=4096 I=14336  softmax, renormalized
- *   qwen3moe  E=128 k=8 H=2048 I=768    softmax, renormalized
- *   olmoe     E=64  k=8 H=2048 I=1024   softmax, not renormalized
- *   dsv3      E=256 k=8 H=7168 I=2048   sigmoid + a random selection bias, renormalized
- * at T = 1, 16, 64, 256, 1024, 4096, 16384 tokens (--quick: 1, 64, 4096).
+ * Layers (bf16 weights and activations). The v1 shapes, unchanged, so that one run also
+ * shows whether they got slower:
+ *   mixtral       E=8   k=2  H=4096 I=14336  softmax, renormalized
+ *   qwen3moe      E=128 k=8  H=2048 I=768    softmax, renormalized
+ *   olmoe         E=64  k=8  H=2048 I=1024   softmax, not renormalized
+ *   dsv3          E=256 k=8  H=7168 I=2048   sigmoid + a random selection bias, renormalized
+ * and the models' layers as the v2 layer computes them (their Hugging Face configs):
+ *   deepseek_v3   E=256 k=8  H=7168 I=2048   sigmoid + a random selection bias; the experts
+ *                 of the best 4 of 8 groups; renormalized, routed scaling 2.5; a shared
+ *                 expert of I_s=2048
+ *   kimi_k2       E=384 k=8  H=7168 I=2048   as deepseek_v3 with n_group = topk_group = 1
+ *                 (no group limit) and routed scaling 2.827; shared expert I_s=2048
+ *   qwen3_next    E=512 k=10 H=2048 I=512    softmax, renormalized; a shared expert of
+ *                 I_s=512 scaled by sigmoid(x . gate row)
+ *   gpt_oss_120b  E=128 k=4  H=2880 I=2880   softmax of the logits + a random router bias,
+ *                 renormalized; clamped SwiGLU (alpha 1.702, limit 7); W13 rows interleaved
+ *                 (gate, up, gate, ...); random f32 biases on W13 and W2
+ * The v1 layers' weights are separate buffers (sc_moe_desc.router, w13, w2, selection_bias).
+ * Each v2 layer's weights are views into one allocation, as a checkpoint loaded whole gives
+ * them: its bf16 tensors (router, W13, W2, then the shared expert's W13, W2 and gate row)
+ * one after the other in one bf16 buffer, the first 16 bytes in (a header's place), each
+ * at the next 16-byte boundary (so not 256-byte aligned); its f32 ones (selection bias,
+ * router bias, W13 and W2 biases) the same way in one f32 buffer.
+ * Token counts T = 1, 16, 64, 256, 1024, 4096, 16384, 32768 for every layer. A count whose
+ * weights, workspace, inputs and output do not fit in the device's free memory is skipped
+ * with a line saying what it needs and what is free (the layer's other counts still run);
+ * the peer skips its points that would not fit the same way. On an H100 (80 GB) every
+ * point fits: kimi_k2 at T=32768 needs about 45 GB here and about 50 GB in the peer.
+ * --quick: 1, 64, 4096; --tokens: the given counts for every layer.
+ *
+ * Inputs. The weights and tokens are random (below) unless --inputs DIR gives them: one
+ * layer, measured on the weights and tokens of DIR, so that it is measured on the inputs
+ * another implementation was measured on. --save-inputs DIR writes a run's random inputs
+ * in the same format, into DIR/NAME for each layer it runs (NAME the layer's; kimi_k2's
+ * weights are 34 GB). The format, one numpy .npy file per tensor (bench/npy.h: format 1.0
+ * to 3.0, C order, little-endian; bf16 stored as its uint16 bit patterns, '<u2'; f32 '<f4'):
+ *   layer.txt   key=value lines, '#' starts a comment: top_k (required); scoring (softmax
+ *               or sigmoid), renormalize (0/1), n_group, topk_group, routed_scaling,
+ *               activation (silu, gelu_tanh or swiglu_clamp), swiglu_alpha, swiglu_limit,
+ *               w13_layout (stacked or interleaved), shared_intermediate: each absent key
+ *               is sc_moe_desc's zero; name (default: the folder's name; letters, digits,
+ *               '_', '-', '.'); experts, hidden, intermediate (optional, checked against
+ *               the files)
+ *   router.npy [E, H], w13.npy [E, 2I, H], w2.npy [E, H, I]                       '<u2'
+ *   optional:  selection_bias.npy [E], router_bias.npy [E], w13_bias.npy [E, 2I] (in
+ *              w13_layout), w2_bias.npy [E, H]                                     '<f4'
+ *              shared_w13.npy [2 I_s, H], shared_w2.npy [H, I_s] (both, with
+ *              shared_intermediate = I_s), shared_gate.npy [H]                     '<u2'
+ *   x.npy [T, H] and/or x_*.npy [T, H] ('<u2'): every T among them is a point, and the
+ *              files of one T, in name order (at most 16), its inputs in turn;
+ *              --save-inputs writes x_T<T>_<i>.npy; --tokens picks among those T.
+ * Every file is opened and checked (header, dtype, shape against the other files and
+ * layer.txt, size) before anything runs; any problem exits 2 naming the file. The peer is
+ * given --inputs DIR as well and times the same tensors (with --save-inputs it draws its
+ * own random numbers: it runs before ours are made; run again with --inputs DIR/NAME to
+ * time both on the saved ones).
  *
  * Method.
  * - Data: random bf16, roughly N(0, 1/sqrt(fan_in)) for the weights (Irwin-Hall sums of 4
  *   random bytes) and N(0, 1) for the inputs, so activations stay O(1) and the routing is
  *   close to uniform. A 64 MiB random block per scale is made on the host, uploaded through
  *   a pinned sc_host_buffer, and the weights are filled from it on the device with sc_copy
- *   at a random offset per piece (each expert gets different numbers) -- 22 GB of dsv3
- *   weights take milliseconds instead of minutes of host random numbers. Each layer's
- *   weights are freed before the next layer's are made.
+ *   at a random offset per piece (each expert gets different numbers) -- 34 GB of kimi_k2
+ *   weights take milliseconds instead of minutes of host random numbers. The f32 vectors
+ *   are uniform, made on the host: selection bias in [-0.05, 0.05), router and expert
+ *   biases in [-0.1, 0.1). Each layer's weights are freed before the next layer's are made.
+ * - Experts used: for each input of a point, before its timing, one forward with
+ *   sc_moe_forward_desc.expert_ids (the ids filled with -1 first) gives the experts the
+ *   routing chose; D, the number of distinct routed experts among them, is that input's
+ *   (shown as "experts", the smallest-largest over the point's inputs). An id outside
+ *   0 .. E-1 fails the check below.
  * - Timing: timing sc_events around each sc_moe_forward, synchronized after each; warm-up
  *   forwards (at least 3 and at least 0.1 s of them, the peer's rule too), then the median
- *   of 20 forwards for T <= 1024 and of 10 above (--quick halves them). Up to 1024 tokens four different inputs are used in turn, so the routing (and
- *   the experts read) changes from one forward to the next and L2 can't hold the answer.
+ *   of 20 forwards for T <= 1024, 10 up to 16384 and 5 from 32768 (the largest points, to
+ *   keep the run short; their times vary least); --quick halves them (at least 2). Up to
+ *   1024 tokens four different inputs are used in turn, so the routing (and the experts
+ *   read) changes from one forward to the next and L2 can't hold the answer.
  * - Check: after the timed runs, out is filled with NaN, one more forward runs, and out is
  *   copied back and scanned: any NaN or Inf (a row never written, or an overflow) fails
- *   the benchmark. Correctness against a reference is the test suite's job.
- * - Floor: max(bytes / copy rate, FLOPs / matmul rate), where bytes = the expected number
- *   of distinct experts a random routing touches, E (1 - (1 - k/E)^T), times one expert's
- *   W13 + W2 (3 H I bf16), plus the router (E H bf16) and x and out (2 T H bf16); FLOPs =
- *   2 T E H (router) + 2 T k 3 H I (experts). The copy rate is a 1 GiB sc_copy D2D (read +
- *   write bytes, median of 10) measured in this run; the matmul rate is the torch peer's
- *   bf16 8192^3 matmul in this run (a nominal figure from the device properties when the
- *   peer is unavailable). "% of floor" = floor / time.
- * - Peer: bench/peers/torch_moe.py runs first, alone on the GPU (its dsv3 weights and ours
+ *   the benchmark, as does an expert id out of range. Correctness against a reference is
+ *   the test suite's job.
+ * - Floor, per input: max(bytes / memory rate, FLOPs / matmul rate), with D that input's
+ *   distinct routed experts and I_s the shared expert's size (0 without one):
+ *     bytes = D x (3 H I x 2 + 2I x 4 with a W13 bias + H x 4 with a W2 bias)   the routed
+ *                                                       experts the routing used
+ *           + E H x 2 + E x 4 per f32 router vector (selection bias, router bias)
+ *           + 3 H I_s x 2 + H x 2 with a gate row   the shared expert: read by every forward
+ *           + 2 T H x 2                             x and out
+ *     FLOPs = 2 T E H (router) + 2 T k 3 H I (routed experts) + 2 T 3 H I_s (shared expert)
+ *           + 2 T H (gate row)
+ *   (the element-wise work: scores, top-k, activations, bias adds, weights, the sum, is not
+ *   counted). The memory rate is the larger of a 1 GiB read by a streaming kernel (bytes /
+ *   time) and a 1 GiB sc_copy D2D (read + write bytes / time), each the median of 10
+ *   measured in this run (a forward mostly reads, and reads outrun a copy's r+w rate); the matmul rate is the torch peer's bf16 8192^3 matmul in this
+ *   run (a nominal figure from the device properties when the peer is unavailable).
+ *   Each timed forward is matched to its own input's floor: "% of floor" is the median, over
+ *   the timed forwards, of (the floor of the forward's input / the forward's time), and
+ *   "floor ms" the mean of those floors. No forward can beat its floor unless it moves
+ *   fewer bytes or does fewer FLOPs than counted, or runs faster than the measured rates; a
+ *   point above 100 % prints a WARNING (and the summary lists it): its rates are too low
+ *   for this work (a GEMM can outrun torch's 8192^3 matmul) or the timing is wrong.
+ *   "weight GB/s" = the weight bytes the forward must read (bytes above without x and out)
+ *   / its time, the median over the timed forwards as above; "TFLOP/s" = FLOPs / the
+ *   median time.
+ * - Peer: bench/peers/torch_moe.py runs first, alone on the GPU (kimi_k2's weights and ours
  *   would not fit together), for every point: a Hugging Face style expert loop and a
- *   torch._grouped_mm layer, timed the same way (see the script).
+ *   torch._grouped_mm layer computing the same layer (group-limited routing, routed
+ *   scaling, router bias, the shared expert and its gate as dense matmuls, the activation,
+ *   the biases; interleaved rows made stacked once, untimed), timed the same way (see the
+ *   script). It stops measuring after a time budget (180 s; --quick 120 s): nan after.
+ * - Baseline: --baseline FILE reads an earlier run's bench_moe.csv (its config, T and
+ *   ours_ms columns; any bench_moe CSV, older ones included) and shows its time beside
+ *   ours ("<label> ms", --baseline-label, default "baseline") and the ratio (its time /
+ *   ours: above 1 is faster now), in the table, the summary and the CSV.
+ * - Run time: about 2.5 minutes on an H100 by the earlier runs' per-point times (the peer
+ *   about 2 of them, capped by its budget), plus the MoE kernels' compile on a cold cache.
  *
- * Output: a table per layer, DIR/bench_moe.csv (config,T,ours_ms,floor_ms,pct_floor,
- * loop_ms,grouped_ms) and DIR/bench_moe.png (bench/plot_moe.py) with --out DIR, and a
- * summary of every point as the last lines. Exit 0 with "skipped" without a GPU; any
- * safecuda failure prints sc_last_error() and exits 1. */
+ * Output: a table per layer (the per-kernel device times of one profiled forward under each
+ * point), DIR/bench_moe.csv (config,T,ours_ms,floor_ms,pct_floor,experts_min,experts_max,
+ * weight_gbs,tflops,bound,loop_ms,grouped_ms,baseline_ms,vs_baseline; a row per point a
+ * layer runs) and DIR/bench_moe.png (bench/plot_moe.py) with --out DIR, and a summary of
+ * every point as the last lines. Exit 77 with "skipped" without a GPU
+ * (tests/gpu_presence.h); a bad argument or input file exits 2; any safecuda failure prints
+ * sc_last_error() and exits 1, except a layer whose sc_moe_create fails: that is printed as
+ * FAILED, the other layers still run, and the exit status is 1. */
+#include <dirent.h>
 #include <math.h> /* NAN, isnan, isfinite: macros only, no libm needed */
+#include <stdarg.h>
+#include <sys/stat.h>
 
 #include "bench_common.h"
+#include "npy.h"
 #include "safecuda/moe.h"
 
 #define GIB (1ull << 30)
 #define BLOCK_ELEMS (1ull << 25) /* 64 MiB of bf16: the random block weights are cut from */
 #define ALIGN_ELEMS 128ull       /* offsets into the block: 256-byte aligned */
 #define MAX_TOKEN_COUNTS 16
+#define MAX_CONFIGS 8
 #define WARMUP 3               /* warm-up: at least this many forwards ... */
 #define WARMUP_NS 100000000ull /* ... and at least 0.1 s of them */
-#define ROTATE_MAX_T 1024 /* up to this many tokens, NX inputs are used in turn */
+#define MAX_REPS 20
+#define BIG_T 32768            /* from this many tokens, 5 timed forwards */
+#define ROTATE_MAX_T 1024      /* up to this many tokens, NX random inputs are used in turn */
 #define NX 4
+#define MAX_X 16               /* input files per token count (--inputs) */
 #define PEER_SCRIPT "torch_moe.py"
 
 typedef struct moe_config {
@@ -60,26 +157,63 @@ typedef struct moe_config {
     int E, k, H, I;
     sc_moe_scoring scoring;
     bool renormalize;
-    bool bias;
+    bool bias;                 /* a random f32 selection bias (DeepSeek-V3's) */
+    /* ---- the v2 layer's fields (zero: the v1 layer) ---- */
+    int n_group, topk_group;   /* group-limited selection; 0, 0: none */
+    float routed_scaling;      /* 0 means 1 */
+    bool router_bias;          /* a random f32 bias added to the logits (gpt-oss) */
+    sc_moe_activation act;
+    float swiglu_alpha, swiglu_limit; /* 0: the layer's defaults */
+    sc_moe_w13_layout layout;
+    bool w13_bias, w2_bias;    /* random f32 biases on W13 and W2 */
+    int shared_I;              /* the shared expert's intermediate size I_s; 0: none */
+    bool shared_gate;          /* the shared expert scaled by sigmoid(x . gate row) */
+    bool one_alloc;            /* the weights as views of one allocation per dtype */
+    const char *dir;           /* --inputs: the files; NULL: random */
 } moe_config;
 
-static const moe_config all_configs[] = {
-    {"mixtral", 8, 2, 4096, 14336, SC_MOE_SOFTMAX, true, false},
-    {"qwen3moe", 128, 8, 2048, 768, SC_MOE_SOFTMAX, true, false},
-    {"olmoe", 64, 8, 2048, 1024, SC_MOE_SOFTMAX, false, false},
-    {"dsv3", 256, 8, 7168, 2048, SC_MOE_SIGMOID, true, true},
+static const moe_config builtin_configs[] = {
+    {.name = "mixtral", .E = 8, .k = 2, .H = 4096, .I = 14336, .scoring = SC_MOE_SOFTMAX,
+     .renormalize = true},
+    {.name = "qwen3moe", .E = 128, .k = 8, .H = 2048, .I = 768, .scoring = SC_MOE_SOFTMAX,
+     .renormalize = true},
+    {.name = "olmoe", .E = 64, .k = 8, .H = 2048, .I = 1024, .scoring = SC_MOE_SOFTMAX,
+     .renormalize = false},
+    {.name = "dsv3", .E = 256, .k = 8, .H = 7168, .I = 2048, .scoring = SC_MOE_SIGMOID,
+     .renormalize = true, .bias = true},
+    {.name = "deepseek_v3", .E = 256, .k = 8, .H = 7168, .I = 2048, .scoring = SC_MOE_SIGMOID,
+     .renormalize = true, .bias = true, .n_group = 8, .topk_group = 4, .routed_scaling = 2.5f,
+     .shared_I = 2048, .one_alloc = true},
+    {.name = "kimi_k2", .E = 384, .k = 8, .H = 7168, .I = 2048, .scoring = SC_MOE_SIGMOID,
+     .renormalize = true, .bias = true, .n_group = 1, .topk_group = 1,
+     .routed_scaling = 2.827f, .shared_I = 2048, .one_alloc = true},
+    {.name = "qwen3_next", .E = 512, .k = 10, .H = 2048, .I = 512, .scoring = SC_MOE_SOFTMAX,
+     .renormalize = true, .shared_I = 512, .shared_gate = true, .one_alloc = true},
+    {.name = "gpt_oss_120b", .E = 128, .k = 4, .H = 2880, .I = 2880,
+     .scoring = SC_MOE_SOFTMAX, .renormalize = true, .router_bias = true,
+     .act = SC_MOE_SWIGLU_CLAMP, .layout = SC_MOE_W13_INTERLEAVED, .w13_bias = true,
+     .w2_bias = true, .one_alloc = true},
 };
-#define N_CONFIGS (sizeof all_configs / sizeof all_configs[0])
+#define N_BUILTIN (sizeof builtin_configs / sizeof builtin_configs[0])
 
-static const uint64_t default_tokens[] = {1, 16, 64, 256, 1024, 4096, 16384};
+/* The layers of this run: the built-in ones, or the one of --inputs. */
+static moe_config configs[MAX_CONFIGS];
+static size_t n_configs;
+
+static const uint64_t default_tokens[] = {1, 16, 64, 256, 1024, 4096, 16384, 32768};
 static const uint64_t quick_tokens[] = {1, 64, 4096};
 
 typedef struct point {
     bool measured;
-    double ours_ms;
-    double floor_ms, bw_ms, flop_ms;
+    bool no_room;               /* skipped: does not fit in the device's free memory */
+    double ours_ms;             /* median time */
+    double floor_ms;            /* mean of the timed forwards' floors */
+    double pct;                 /* median of floor / time over the timed forwards, % */
+    double bw_ms, flop_ms;      /* the floor's terms (bytes: mean over the timed forwards) */
+    double weight_gbs, tflops;  /* achieved */
+    int experts_min, experts_max; /* distinct routed experts over the point's inputs */
     double loop_ms, grouped_ms; /* the peer's, NAN when it has none */
-    double flops;               /* of the layer at this T */
+    double base_ms;             /* --baseline's ours_ms, NAN when none */
     double host_us;             /* host time of the sc_moe_forward call (median) */
     sc_moe_profile prof;        /* one profiled forward after the timed ones */
 } point;
@@ -87,10 +221,21 @@ typedef struct point {
 typedef struct args {
     bench_opts o;
     sc_moe_backend backend;
-    bool on[N_CONFIGS];
+    bool on[MAX_CONFIGS];
     uint64_t tokens[MAX_TOKEN_COUNTS];
     size_t n_tokens;
+    const char *inputs_dir;     /* --inputs */
+    const char *save_dir;       /* --save-inputs */
+    const char *baseline;       /* --baseline FILE */
+    const char *baseline_label; /* --baseline-label, default "baseline" */
 } args;
+
+/* --inputs: the x files of each token count (index as in args.tokens), in name order. */
+typedef struct x_files {
+    int n;
+    char *path[MAX_X];
+} x_files;
+static x_files xin[MAX_TOKEN_COUNTS];
 
 typedef struct peer_result {
     bool ok;               /* at least one row came back */
@@ -110,9 +255,11 @@ typedef struct env {
     uint64_t rng;
     uint16_t *host;         /* copy-back of out for the check */
     size_t host_elems;
+    int32_t *ids;           /* copy-back of the expert ids */
+    size_t ids_elems;
 } env;
 
-static point results[N_CONFIGS][MAX_TOKEN_COUNTS];
+static point results[MAX_CONFIGS][MAX_TOKEN_COUNTS];
 
 /* ---- small numerics without libm ---------------------------------------------------------- */
 
@@ -130,18 +277,6 @@ static double nolibm_sqrt(double v)
     return y;
 }
 
-static double pow_u64(double base, uint64_t e)
-{
-    double r = 1.0;
-    while (e) {
-        if (e & 1)
-            r *= base;
-        base *= base;
-        e >>= 1;
-    }
-    return r;
-}
-
 static uint16_t f32_to_bf16(float v)
 {
     uint32_t u;
@@ -152,25 +287,641 @@ static uint16_t f32_to_bf16(float v)
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
+/* snprintf at the end of buf. */
+__attribute__((format(printf, 3, 4))) static void append(char *buf, size_t size,
+                                                         const char *fmt, ...)
+{
+    size_t n = strlen(buf);
+    if (n + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, size - n, fmt, ap);
+    va_end(ap);
+}
+
+/* A bad argument or input file: the message on stderr, exit 2. */
+__attribute__((format(printf, 1, 2), noreturn)) static void die_usage(const char *fmt, ...)
+{
+    fflush(stdout);
+    fprintf(stderr, "bench_moe: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+/* ---- the weights' tensors ------------------------------------------------------------------ */
+
+enum {
+    W_ROUTER, W_W13, W_W2, W_SHARED_W13, W_SHARED_W2, W_SHARED_GATE, /* bf16 */
+    W_SEL_BIAS, W_ROUTER_BIAS, W_W13_BIAS, W_W2_BIAS,                /* f32 */
+    W_COUNT
+};
+
+static const char *const tensor_labels[W_COUNT] = {
+    "router", "w13", "w2", "shared w13", "shared w2", "shared gate",
+    "selection bias", "router bias", "w13 bias", "w2 bias"};
+/* Their files under --inputs / --save-inputs, and their shapes in words. */
+static const char *const tensor_files[W_COUNT] = {
+    "router.npy", "w13.npy", "w2.npy", "shared_w13.npy", "shared_w2.npy", "shared_gate.npy",
+    "selection_bias.npy", "router_bias.npy", "w13_bias.npy", "w2_bias.npy"};
+static const char *const tensor_shapes[W_COUNT] = {
+    "router [E, H]", "W13 [E, 2I, H]", "W2 [E, H, I]", "shared W13 [2 I_s, H]",
+    "shared W2 [H, I_s]", "shared gate [H]", "selection bias [E]", "router bias [E]",
+    "W13 bias [E, 2I]", "W2 bias [E, H]"};
+
+static bool tensor_is_f32(int i) { return i >= W_SEL_BIAS; }
+
+/* Tensor i's shape in layer c (ndim returned; 0 elements: c has none). */
+static int tensor_shape(const moe_config *c, int i, uint64_t shape[3])
+{
+    const uint64_t E = (uint64_t)c->E, H = (uint64_t)c->H, I = (uint64_t)c->I,
+                   Is = (uint64_t)c->shared_I;
+    switch (i) {
+    case W_ROUTER: shape[0] = E, shape[1] = H; return 2;
+    case W_W13: shape[0] = E, shape[1] = 2 * I, shape[2] = H; return 3;
+    case W_W2: shape[0] = E, shape[1] = H, shape[2] = I; return 3;
+    case W_SHARED_W13: shape[0] = 2 * Is, shape[1] = H; return 2;
+    case W_SHARED_W2: shape[0] = H, shape[1] = Is; return 2;
+    case W_SHARED_GATE: shape[0] = c->shared_gate ? H : 0; return 1;
+    case W_SEL_BIAS: shape[0] = c->bias ? E : 0; return 1;
+    case W_ROUTER_BIAS: shape[0] = c->router_bias ? E : 0; return 1;
+    case W_W13_BIAS: shape[0] = c->w13_bias ? E : 0, shape[1] = 2 * I; return 2;
+    default: shape[0] = c->w2_bias ? E : 0, shape[1] = H; return 2;
+    }
+}
+
+static uint64_t tensor_count(const moe_config *c, int i)
+{
+    uint64_t shape[3];
+    int nd = tensor_shape(c, i, shape);
+    uint64_t n = 1;
+    for (int d = 0; d < nd; d++)
+        n *= shape[d];
+    return n;
+}
+
+#define CKPT_HEADER_BYTES 16 /* where an allocation's first tensor starts */
+
+typedef struct tensor {
+    const char *label;
+    sc_dtype dtype;  /* SC_BF16 or SC_F32 */
+    uint64_t count;  /* elements; 0: the layer has none */
+    sc_buffer buf;   /* its own buffer, or the allocation of its dtype */
+    uint64_t off;    /* its first element in buf */
+    sc_view v;       /* the tensor, exactly count elements */
+} tensor;
+
+typedef struct layer_weights {
+    tensor t[W_COUNT];
+    bool one_alloc;
+    uint64_t bf16_elems, f32_elems; /* the allocations' sizes (one_alloc), else 0 */
+    sc_buffer all_bf16, all_f32;
+} layer_weights;
+
+/* The layer's tensors, and with c->one_alloc where each lies in its dtype's allocation:
+ * in the order of the enum, the first at CKPT_HEADER_BYTES, each at the next 16-byte
+ * boundary. Nothing is allocated. */
+static void weights_layout(const moe_config *c, layer_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    w->one_alloc = c->one_alloc;
+    uint64_t next[2] = {CKPT_HEADER_BYTES / 2, CKPT_HEADER_BYTES / 4}; /* bf16, f32 */
+    bool any[2] = {false, false};
+    for (int i = 0; i < W_COUNT; i++) {
+        tensor *t = &w->t[i];
+        t->label = tensor_labels[i];
+        t->dtype = tensor_is_f32(i) ? SC_F32 : SC_BF16;
+        t->count = tensor_count(c, i);
+        if (!t->count || !c->one_alloc)
+            continue;
+        const int d = t->dtype == SC_F32;
+        const uint64_t per16 = d ? 4 : 8; /* elements in 16 bytes */
+        t->off = (next[d] + per16 - 1) / per16 * per16;
+        next[d] = t->off + t->count;
+        any[d] = true;
+    }
+    w->bf16_elems = any[0] ? next[0] : 0;
+    w->f32_elems = any[1] ? next[1] : 0;
+}
+
+/* Device bytes of the layer's weights. */
+static uint64_t weights_bytes(const layer_weights *w)
+{
+    if (w->one_alloc)
+        return w->bf16_elems * 2 + w->f32_elems * 4;
+    uint64_t b = 0;
+    for (int i = 0; i < W_COUNT; i++)
+        b += w->t[i].count * (w->t[i].dtype == SC_F32 ? 4 : 2);
+    return b;
+}
+
+/* ---- layer.txt ------------------------------------------------------------------------------ */
+
+static const char *activation_name(sc_moe_activation a)
+{
+    return a == SC_MOE_GELU_TANH ? "gelu_tanh" : a == SC_MOE_SWIGLU_CLAMP ? "swiglu_clamp" : "silu";
+}
+
+/* key=value lines of layer c (what --inputs reads back). false when writing fails. */
+static bool write_layer_txt(const char *path, const moe_config *c)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return false;
+    fprintf(f, "# bench_moe --save-inputs: the layer of the .npy files beside this file\n");
+    fprintf(f, "name=%s\nexperts=%d\nhidden=%d\nintermediate=%d\n", c->name, c->E, c->H, c->I);
+    fprintf(f, "top_k=%d\nscoring=%s\nrenormalize=%d\n", c->k,
+            c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax", c->renormalize ? 1 : 0);
+    fprintf(f, "n_group=%d\ntopk_group=%d\nrouted_scaling=%.9g\n", c->n_group, c->topk_group,
+            (double)c->routed_scaling);
+    fprintf(f, "activation=%s\nswiglu_alpha=%.9g\nswiglu_limit=%.9g\n", activation_name(c->act),
+            (double)c->swiglu_alpha, (double)c->swiglu_limit);
+    fprintf(f, "w13_layout=%s\nshared_intermediate=%d\n",
+            c->layout == SC_MOE_W13_INTERLEAVED ? "interleaved" : "stacked", c->shared_I);
+    return fclose(f) == 0;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = '\0';
+    return s;
+}
+
+static bool parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || !end || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !end || end == s || *end || !(v == v) || v > 3.0e38 || v < -3.0e38)
+        return false;
+    *out = (float)v;
+    return true;
+}
+
+static bool parse_bool(const char *s, bool *out)
+{
+    if (strcmp(s, "1") == 0 || strcmp(s, "true") == 0 || strcmp(s, "True") == 0)
+        *out = true;
+    else if (strcmp(s, "0") == 0 || strcmp(s, "false") == 0 || strcmp(s, "False") == 0)
+        *out = false;
+    else
+        return false;
+    return true;
+}
+
+static bool name_ok(const char *s)
+{
+    if (!*s || strlen(s) > 63)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '-' || *s == '.'))
+            return false;
+    return true;
+}
+
+/* The layer of DIR/layer.txt into c (E, H, I from the files later; -1 in *want_E etc.
+ * where layer.txt does not give them). Exits 2 on any problem. */
+static void read_layer_txt(const char *dir, moe_config *c, int *want_E, int *want_H,
+                           int *want_I, char *name, size_t name_size)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/layer.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die_usage("--inputs: %s: can't open: %s", path, strerror(errno));
+    *want_E = *want_H = *want_I = -1;
+    bool have_k = false;
+    char line[512], seen[32][32];
+    int n_seen = 0, lineno = 0;
+    name[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq)
+            die_usage("--inputs: %s:%d: '%s' is not key=value", path, lineno, s);
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        for (int i = 0; i < n_seen; i++)
+            if (strcmp(seen[i], key) == 0)
+                die_usage("--inputs: %s:%d: %s given twice", path, lineno, key);
+        if (n_seen < 32)
+            snprintf(seen[n_seen++], sizeof seen[0], "%.31s", key);
+        bool ok = true;
+        if (strcmp(key, "name") == 0) {
+            ok = name_ok(val);
+            if (ok)
+                snprintf(name, name_size, "%s", val);
+        } else if (strcmp(key, "top_k") == 0) {
+            ok = parse_int(val, 1, SC_MOE_MAX_TOPK, &c->k);
+            have_k = true;
+        } else if (strcmp(key, "experts") == 0) {
+            ok = parse_int(val, 1, SC_MOE_MAX_EXPERTS, want_E);
+        } else if (strcmp(key, "hidden") == 0) {
+            ok = parse_int(val, 1, 1 << 30, want_H);
+        } else if (strcmp(key, "intermediate") == 0) {
+            ok = parse_int(val, 1, 1 << 30, want_I);
+        } else if (strcmp(key, "scoring") == 0) {
+            if (strcmp(val, "softmax") == 0)
+                c->scoring = SC_MOE_SOFTMAX;
+            else if (strcmp(val, "sigmoid") == 0)
+                c->scoring = SC_MOE_SIGMOID;
+            else
+                ok = false;
+        } else if (strcmp(key, "renormalize") == 0) {
+            ok = parse_bool(val, &c->renormalize);
+        } else if (strcmp(key, "n_group") == 0) {
+            ok = parse_int(val, 0, SC_MOE_MAX_EXPERTS, &c->n_group);
+        } else if (strcmp(key, "topk_group") == 0) {
+            ok = parse_int(val, 0, SC_MOE_MAX_EXPERTS, &c->topk_group);
+        } else if (strcmp(key, "routed_scaling") == 0) {
+            ok = parse_float(val, &c->routed_scaling);
+        } else if (strcmp(key, "activation") == 0) {
+            if (strcmp(val, "silu") == 0)
+                c->act = SC_MOE_SILU;
+            else if (strcmp(val, "gelu_tanh") == 0)
+                c->act = SC_MOE_GELU_TANH;
+            else if (strcmp(val, "swiglu_clamp") == 0)
+                c->act = SC_MOE_SWIGLU_CLAMP;
+            else
+                ok = false;
+        } else if (strcmp(key, "swiglu_alpha") == 0) {
+            ok = parse_float(val, &c->swiglu_alpha);
+        } else if (strcmp(key, "swiglu_limit") == 0) {
+            ok = parse_float(val, &c->swiglu_limit);
+        } else if (strcmp(key, "w13_layout") == 0) {
+            if (strcmp(val, "stacked") == 0)
+                c->layout = SC_MOE_W13_STACKED;
+            else if (strcmp(val, "interleaved") == 0)
+                c->layout = SC_MOE_W13_INTERLEAVED;
+            else
+                ok = false;
+        } else if (strcmp(key, "shared_intermediate") == 0) {
+            ok = parse_int(val, 0, 1 << 30, &c->shared_I);
+        } else {
+            die_usage("--inputs: %s:%d: unknown key '%s' (name, top_k, scoring, renormalize, "
+                      "n_group, topk_group, routed_scaling, activation, swiglu_alpha, "
+                      "swiglu_limit, w13_layout, shared_intermediate, experts, hidden, "
+                      "intermediate)",
+                      path, lineno, key);
+        }
+        if (!ok)
+            die_usage("--inputs: %s:%d: bad value '%s' for %s", path, lineno, val, key);
+    }
+    bool read_error = ferror(f) != 0;
+    fclose(f);
+    if (read_error)
+        die_usage("--inputs: %s: read failed", path);
+    if (!have_k)
+        die_usage("--inputs: %s: top_k is required", path);
+}
+
+/* ---- --inputs: the layer and tokens of a folder ------------------------------------------- */
+
+static char input_name[64];
+
+/* Open DIR/file, checked as a .npy file; exits 2 with the reader's message on a refusal. */
+static void open_npy(const char *dir, const char *file, npy_file *nf, char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s", dir, file);
+    char err[768];
+    if (!npy_open(nf, path, err, sizeof err))
+        die_usage("--inputs: %s", err);
+}
+
+static bool file_exists(const char *dir, const char *file)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    return access(path, F_OK) == 0;
+}
+
+/* The folder's last name ("a/b/" -> "b"). */
+static void folder_name(const char *dir, char *out, size_t size)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", dir);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/')
+        buf[--n] = '\0';
+    const char *slash = strrchr(buf, '/'), *last = slash && slash[1] ? slash + 1 : buf;
+    n = strlen(last);
+    if (n >= size)
+        die_usage("--inputs: the folder's name '%s' is longer than %zu characters: give name= "
+                  "in %s/layer.txt",
+                  last, size - 1, dir);
+    memcpy(out, last, n);
+    out[n] = '\0';
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The layer of DIR into configs[0] and its token counts (every T of an x file; with
+ * --tokens only those, each required) into a->tokens and xin. Every file is opened and
+ * checked; any problem exits 2. */
+static void load_inputs(args *a, bool tokens_given)
+{
+    const char *dir = a->inputs_dir;
+    moe_config c = {.one_alloc = true, .dir = dir};
+    int want_E, want_H, want_I;
+    read_layer_txt(dir, &c, &want_E, &want_H, &want_I, input_name, sizeof input_name);
+    if (!input_name[0]) {
+        folder_name(dir, input_name, sizeof input_name);
+        if (!name_ok(input_name))
+            die_usage("--inputs: the folder's name '%s' is not a layer name (letters, digits, "
+                      "'_', '-', '.'): give name= in %s/layer.txt",
+                      input_name, dir);
+    }
+    c.name = input_name;
+
+    /* E and H from the router, I from W13; then every tensor against them. */
+    char path[1024], err[768];
+    npy_file nf;
+    open_npy(dir, tensor_files[W_ROUTER], &nf, path, sizeof path);
+    if (strcmp(nf.descr, "<u2") != 0 || nf.ndim != 2 || nf.shape[0] == 0 || nf.shape[1] == 0 ||
+        nf.shape[0] > SC_MOE_MAX_EXPERTS || nf.shape[1] > (1u << 30))
+        die_usage("--inputs: %s: holds %s of %d dimensions, expected the router [E, H] as '<u2' "
+                  "(bf16 bits), 1 <= E <= %d",
+                  path, nf.descr, nf.ndim, SC_MOE_MAX_EXPERTS);
+    c.E = (int)nf.shape[0];
+    c.H = (int)nf.shape[1];
+    npy_close(&nf);
+    open_npy(dir, tensor_files[W_W13], &nf, path, sizeof path);
+    if (nf.ndim != 3 || nf.shape[1] % 2 || nf.shape[1] == 0 || nf.shape[1] > (1u << 30))
+        die_usage("--inputs: %s: expected W13 [E, 2I, H] with an even, non-zero 2I", path);
+    c.I = (int)(nf.shape[1] / 2);
+    npy_close(&nf);
+    const int want[3] = {want_E, want_H, want_I}, have[3] = {c.E, c.H, c.I};
+    static const char *const keys[3] = {"experts", "hidden", "intermediate"};
+    for (int i = 0; i < 3; i++)
+        if (want[i] >= 0 && want[i] != have[i])
+            die_usage("--inputs: %s/layer.txt says %s=%d, the files hold E=%d H=%d I=%d "
+                      "(router [E, H], W13 [E, 2I, H])",
+                      dir, keys[i], want[i], c.E, c.H, c.I);
+
+    /* The optional tensors: a file makes the layer have it. */
+    c.bias = file_exists(dir, tensor_files[W_SEL_BIAS]);
+    c.router_bias = file_exists(dir, tensor_files[W_ROUTER_BIAS]);
+    c.w13_bias = file_exists(dir, tensor_files[W_W13_BIAS]);
+    c.w2_bias = file_exists(dir, tensor_files[W_W2_BIAS]);
+    c.shared_gate = file_exists(dir, tensor_files[W_SHARED_GATE]);
+    const bool s13 = file_exists(dir, tensor_files[W_SHARED_W13]),
+               s2 = file_exists(dir, tensor_files[W_SHARED_W2]);
+    if (c.shared_I > 0 && !(s13 && s2))
+        die_usage("--inputs: %s/layer.txt says shared_intermediate=%d, but %s is missing", dir,
+                  c.shared_I, s13 ? tensor_files[W_SHARED_W2] : tensor_files[W_SHARED_W13]);
+    if (c.shared_I == 0 && (s13 || s2 || c.shared_gate))
+        die_usage("--inputs: %s/%s is there, but layer.txt gives no shared_intermediate", dir,
+                  s13 ? tensor_files[W_SHARED_W13]
+                      : s2 ? tensor_files[W_SHARED_W2] : tensor_files[W_SHARED_GATE]);
+    for (int i = 0; i < W_COUNT; i++) {
+        uint64_t shape[3];
+        int nd = tensor_shape(&c, i, shape);
+        if (!tensor_count(&c, i))
+            continue;
+        open_npy(dir, tensor_files[i], &nf, path, sizeof path);
+        if (!npy_expect(&nf, tensor_is_f32(i) ? "<f4" : "<u2", nd, shape, tensor_shapes[i],
+                        err, sizeof err))
+            die_usage("--inputs: %s (E=%d, H=%d, I=%d, I_s=%d)", err, c.E, c.H, c.I, c.shared_I);
+        npy_close(&nf);
+    }
+
+    /* The tokens: x.npy and x_*.npy, grouped by T. */
+    DIR *d = opendir(dir);
+    if (!d)
+        die_usage("--inputs: %s: can't list: %s", dir, strerror(errno));
+    char *names[256];
+    int n_names = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const char *nm = de->d_name;
+        size_t len = strlen(nm);
+        bool is_x = strcmp(nm, "x.npy") == 0 ||
+                    (len > 6 && strncmp(nm, "x_", 2) == 0 && strcmp(nm + len - 4, ".npy") == 0);
+        if (!is_x)
+            continue;
+        if (n_names == (int)(sizeof names / sizeof *names))
+            die_usage("--inputs: %s: more than %zu x files", dir, sizeof names / sizeof *names);
+        names[n_names] = bench_xmalloc(len + 1);
+        memcpy(names[n_names++], nm, len + 1);
+    }
+    closedir(d);
+    if (!n_names)
+        die_usage("--inputs: %s holds no x.npy or x_*.npy (the tokens, [T, H] '<u2')", dir);
+    qsort(names, (size_t)n_names, sizeof *names, cmp_str);
+    uint64_t T_of[256];
+    uint64_t found[MAX_TOKEN_COUNTS * 4];
+    size_t n_found = 0;
+    for (int i = 0; i < n_names; i++) {
+        open_npy(dir, names[i], &nf, path, sizeof path);
+        if (strcmp(nf.descr, "<u2") != 0 || nf.ndim != 2 || nf.shape[1] != (uint64_t)c.H ||
+            nf.shape[0] == 0 || nf.shape[0] > (1u << 20)) {
+            char sh[160];
+            npy_shape_text(nf.ndim, nf.shape, sh, sizeof sh);
+            die_usage("--inputs: %s: holds %s %s, expected tokens [T, %d] as '<u2' (bf16 bits), "
+                      "1 <= T <= 1048576",
+                      path, nf.descr, sh, c.H);
+        }
+        T_of[i] = nf.shape[0];
+        npy_close(&nf);
+        size_t j = 0;
+        while (j < n_found && found[j] != T_of[i])
+            j++;
+        if (j == n_found) {
+            if (n_found == sizeof found / sizeof *found)
+                die_usage("--inputs: %s: too many token counts", dir);
+            found[n_found++] = T_of[i];
+        }
+    }
+    qsort(found, n_found, sizeof *found, cmp_u64);
+    if (tokens_given) { /* --tokens picks; each must have a file */
+        for (size_t t = 0; t < a->n_tokens; t++) {
+            size_t j = 0;
+            while (j < n_found && found[j] != a->tokens[t])
+                j++;
+            if (j == n_found) {
+                char list[512] = "";
+                for (size_t q = 0; q < n_found; q++)
+                    append(list, sizeof list, "%s%" PRIu64, q ? ", " : "", found[q]);
+                die_usage("--inputs: no x file of %s has T=%" PRIu64 " (they have T = %s)", dir,
+                          a->tokens[t], list);
+            }
+        }
+    } else {
+        if (n_found > MAX_TOKEN_COUNTS)
+            die_usage("--inputs: %s: x files of %zu token counts, at most %d (pick with --tokens)",
+                      dir, n_found, MAX_TOKEN_COUNTS);
+        memcpy(a->tokens, found, n_found * sizeof *found);
+        a->n_tokens = n_found;
+    }
+    for (size_t t = 0; t < a->n_tokens; t++) {
+        x_files *x = &xin[t];
+        for (int i = 0; i < n_names; i++) {
+            if (T_of[i] != a->tokens[t])
+                continue;
+            if (x->n == MAX_X)
+                die_usage("--inputs: %s: more than %d x files of T=%" PRIu64, dir, MAX_X,
+                          a->tokens[t]);
+            char p[1024];
+            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+            x->path[x->n] = bench_xmalloc(strlen(p) + 1);
+            memcpy(x->path[x->n++], p, strlen(p) + 1);
+        }
+    }
+    for (int i = 0; i < n_names; i++)
+        free(names[i]);
+    configs[0] = c;
+    n_configs = 1;
+}
+
+/* ---- --baseline: an earlier run's CSV ---------------------------------------------------- */
+
+/* The ours_ms of (config, T) rows of FILE into results[][].base_ms for this run's layers and
+ * counts; exits 2 when the file can't be read or lacks the columns. */
+static void read_baseline(const args *a)
+{
+    FILE *f = fopen(a->baseline, "r");
+    if (!f)
+        die_usage("--baseline: %s: can't open: %s", a->baseline, strerror(errno));
+    char line[4096];
+    int col_config = -1, col_T = -1, col_ms = -1, lineno = 0;
+    size_t rows = 0, matched = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        bench_chomp(line);
+        if (!line[0])
+            continue;
+        char *cell[64];
+        int n = 0;
+        for (char *s = line; n < 64;) { /* empty cells kept: columns stay in place */
+            char *comma = strchr(s, ',');
+            if (comma)
+                *comma = '\0';
+            cell[n++] = trim(s);
+            if (!comma)
+                break;
+            s = comma + 1;
+        }
+        if (col_config < 0) { /* the header */
+            for (int i = 0; i < n; i++) {
+                if (strcmp(cell[i], "config") == 0)
+                    col_config = i;
+                else if (strcmp(cell[i], "T") == 0)
+                    col_T = i;
+                else if (strcmp(cell[i], "ours_ms") == 0)
+                    col_ms = i;
+            }
+            if (col_config < 0 || col_T < 0 || col_ms < 0)
+                die_usage("--baseline: %s: the first line lacks the columns config, T and "
+                          "ours_ms (not a bench_moe.csv?)",
+                          a->baseline);
+            continue;
+        }
+        int need = col_config > col_T ? col_config : col_T;
+        need = need > col_ms ? need : col_ms;
+        if (n <= need)
+            die_usage("--baseline: %s:%d: %d cells, the header has more", a->baseline, lineno, n);
+        char *end = NULL;
+        uint64_t T = strtoull(cell[col_T], &end, 10);
+        if (!end || *end || cell[col_T][0] == '-')
+            die_usage("--baseline: %s:%d: T '%s' is not a count", a->baseline, lineno,
+                      cell[col_T]);
+        double ms = strtod(cell[col_ms], &end);
+        if (!end || *end)
+            die_usage("--baseline: %s:%d: ours_ms '%s' is not a number", a->baseline, lineno,
+                      cell[col_ms]);
+        rows++;
+        for (size_t ci = 0; ci < n_configs; ci++)
+            for (size_t ti = 0; ti < a->n_tokens; ti++)
+                if (a->on[ci] && a->tokens[ti] == T && strcmp(configs[ci].name, cell[col_config]) == 0 &&
+                    isnan(results[ci][ti].base_ms) && !isnan(ms) && ms > 0) {
+                    results[ci][ti].base_ms = ms;
+                    matched++;
+                }
+    }
+    bool read_error = ferror(f) != 0;
+    fclose(f);
+    if (read_error)
+        die_usage("--baseline: %s: read failed", a->baseline);
+    size_t points = 0;
+    for (size_t ci = 0; ci < n_configs; ci++)
+        points += a->on[ci] ? a->n_tokens : 0;
+    printf("baseline: %s (%s): %zu rows, %zu of this run's %zu points have a time there\n",
+           a->baseline, a->baseline_label, rows, matched, points);
+}
+
 /* ---- command line ---------------------------------------------------------------------- */
+
+/* "mixtral, qwen3moe, ...": the built-in layers' names. */
+static const char *config_names(void)
+{
+    static char names[256];
+    if (!names[0])
+        for (size_t i = 0; i < N_BUILTIN; i++)
+            append(names, sizeof names, "%s%s", i ? ", " : "", builtin_configs[i].name);
+    return names;
+}
 
 static void usage(const char *prog)
 {
-    printf("usage: %s [--out DIR] [--quick] [--configs mixtral,qwen3moe,olmoe,dsv3] "
-           "[--tokens 1,16,64,...]\n"
+    printf("usage: %s [--out DIR] [--quick] [--configs NAME,...] [--tokens 1,16,64,...] "
+           "[--backend auto|mma|sm90] [--inputs DIR | --save-inputs DIR] "
+           "[--baseline FILE [--baseline-label NAME]]\n"
            "  the fused MoE layer (sc_moe_forward) against its floor, a PyTorch expert loop "
            "and torch._grouped_mm\n"
-           "  --out DIR   also write bench_moe.csv and bench_moe.png into DIR\n"
-           "  --quick     T = 1, 64, 4096 and half the repetitions (a smoke test)\n"
-           "  --configs   the layers to run (default: all)\n"
-           "  --tokens    the token counts (default 1,16,64,256,1024,4096,16384)\n"
-           "  --backend   auto (default), mma or sm90: the layer's GEMMs\n"
+           "  --out DIR          also write bench_moe.csv and bench_moe.png into DIR\n"
+           "  --quick            T = 1, 64, 4096 and half the repetitions (a smoke test)\n"
+           "  --configs          the layers to run (default: all): %s\n"
+           "  --tokens           the token counts (default 1,16,64,256,1024,4096,16384,32768; "
+           "with --inputs: those of its x files)\n"
+           "  --backend          auto (default), mma or sm90: the layer's GEMMs\n"
+           "  --inputs DIR       one layer on the weights and tokens of DIR (.npy files and "
+           "layer.txt: see the source's header); the peer loads them too\n"
+           "  --save-inputs DIR  write each layer's random weights and tokens to DIR/NAME in "
+           "that format\n"
+           "  --baseline FILE    an earlier run's bench_moe.csv: its ours_ms beside ours, and "
+           "the ratio\n"
+           "  --baseline-label   the baseline's name in the table (default \"baseline\", e.g. "
+           "v1)\n"
            "environment: SAFECUDA_BENCH_PYTHON (default python3), SAFECUDA_BENCH_NO_PEER=1 "
            "(skip the torch peer), SAFECUDA_BENCH_PEERS (the peers' folder)\n",
-           prog);
+           prog, config_names());
 }
 
-static void parse_configs(const char *prog, const char *list, args *a)
+static void parse_configs(const char *list, args *a)
 {
     memset(a->on, 0, sizeof a->on);
     char buf[256];
@@ -178,18 +929,15 @@ static void parse_configs(const char *prog, const char *list, args *a)
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         size_t i = 0;
-        while (i < N_CONFIGS && strcmp(all_configs[i].name, tok) != 0)
+        while (i < n_configs && strcmp(configs[i].name, tok) != 0)
             i++;
-        if (i == N_CONFIGS) {
-            fprintf(stderr, "%s: unknown config '%s' (mixtral, qwen3moe, olmoe, dsv3)\n", prog,
-                    tok);
-            exit(2);
-        }
+        if (i == n_configs)
+            die_usage("unknown config '%s' (%s)", tok, config_names());
         a->on[i] = true;
     }
 }
 
-static void parse_tokens(const char *prog, const char *list, args *a)
+static void parse_tokens(const char *list, args *a)
 {
     a->n_tokens = 0;
     char buf[256];
@@ -199,94 +947,123 @@ static void parse_tokens(const char *prog, const char *list, args *a)
         char *end = NULL;
         errno = 0;
         unsigned long long v = strtoull(tok, &end, 10);
-        if (errno || !end || *end || v == 0 || v > (1ull << 20) || tok[0] == '-') {
-            fprintf(stderr, "%s: bad token count '%s' (1 .. 1048576)\n", prog, tok);
-            exit(2);
-        }
-        if (a->n_tokens == MAX_TOKEN_COUNTS) {
-            fprintf(stderr, "%s: at most %d token counts\n", prog, MAX_TOKEN_COUNTS);
-            exit(2);
-        }
+        if (errno || !end || *end || v == 0 || v > (1ull << 20) || tok[0] == '-')
+            die_usage("bad token count '%s' (1 .. 1048576)", tok);
+        if (a->n_tokens == MAX_TOKEN_COUNTS)
+            die_usage("at most %d token counts", MAX_TOKEN_COUNTS);
+        for (size_t i = 0; i < a->n_tokens; i++)
+            if (a->tokens[i] == v)
+                die_usage("token count %llu given twice", v);
         a->tokens[a->n_tokens++] = v;
     }
-    if (a->n_tokens == 0) {
-        fprintf(stderr, "%s: --tokens needs at least one count\n", prog);
-        exit(2);
+    if (a->n_tokens == 0)
+        die_usage("--tokens needs at least one count");
+}
+
+/* "--name VALUE" or "--name=VALUE": the value, else NULL. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name)
+{
+    const char *s = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(s, name, n) != 0)
+        return NULL;
+    if (s[n] == '=')
+        return s + n + 1;
+    if (s[n] == '\0') {
+        if (*i + 1 >= argc)
+            die_usage("%s needs a value", name);
+        return argv[++*i];
     }
+    return NULL;
 }
 
 static args parse_args(int argc, char **argv)
 {
     args a;
     memset(&a, 0, sizeof a);
-    for (size_t i = 0; i < N_CONFIGS; i++)
-        a.on[i] = true;
-    const char *configs = NULL, *tokens = NULL;
+    a.baseline_label = "baseline";
+    const char *cfg = NULL, *tokens = NULL, *v;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (strcmp(s, "--quick") == 0) {
             a.o.quick = true;
-        } else if (strcmp(s, "--out") == 0 && i + 1 < argc) {
-            a.o.out_dir = argv[++i];
-        } else if (strncmp(s, "--out=", 6) == 0) {
-            a.o.out_dir = s + 6;
-        } else if (strcmp(s, "--configs") == 0 && i + 1 < argc) {
-            configs = argv[++i];
-        } else if (strncmp(s, "--configs=", 10) == 0) {
-            configs = s + 10;
-        } else if (strcmp(s, "--tokens") == 0 && i + 1 < argc) {
-            tokens = argv[++i];
-        } else if (strncmp(s, "--tokens=", 9) == 0) {
-            tokens = s + 9;
-        } else if (strcmp(s, "--backend") == 0 && i + 1 < argc) {
-            const char *b = argv[++i];
-            if (strcmp(b, "auto") == 0)
+        } else if ((v = opt_value(argc, argv, &i, "--out"))) {
+            a.o.out_dir = v;
+        } else if ((v = opt_value(argc, argv, &i, "--configs"))) {
+            cfg = v;
+        } else if ((v = opt_value(argc, argv, &i, "--tokens"))) {
+            tokens = v;
+        } else if ((v = opt_value(argc, argv, &i, "--inputs"))) {
+            a.inputs_dir = v;
+        } else if ((v = opt_value(argc, argv, &i, "--save-inputs"))) {
+            a.save_dir = v;
+        } else if ((v = opt_value(argc, argv, &i, "--baseline-label"))) {
+            a.baseline_label = v;
+        } else if ((v = opt_value(argc, argv, &i, "--baseline"))) {
+            a.baseline = v;
+        } else if ((v = opt_value(argc, argv, &i, "--backend"))) {
+            if (strcmp(v, "auto") == 0)
                 a.backend = SC_MOE_BACKEND_AUTO;
-            else if (strcmp(b, "mma") == 0)
+            else if (strcmp(v, "mma") == 0)
                 a.backend = SC_MOE_BACKEND_MMA;
-            else if (strcmp(b, "sm90") == 0)
+            else if (strcmp(v, "sm90") == 0)
                 a.backend = SC_MOE_BACKEND_SM90;
-            else {
-                fprintf(stderr, "%s: unknown backend '%s' (auto, mma, sm90)\n", argv[0], b);
-                exit(2);
-            }
+            else
+                die_usage("unknown backend '%s' (auto, mma, sm90)", v);
         } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            memcpy(configs, builtin_configs, sizeof builtin_configs);
+            n_configs = N_BUILTIN;
             usage(argv[0]);
             exit(0);
         } else {
-            fprintf(stderr, "%s: unknown argument '%s' (try --help)\n", argv[0], s);
-            exit(2);
+            die_usage("unknown argument '%s' (try --help)", s);
         }
     }
     if (a.o.out_dir && !*a.o.out_dir)
         a.o.out_dir = NULL;
-    if (configs)
-        parse_configs(argv[0], configs, &a);
-    if (tokens) {
-        parse_tokens(argv[0], tokens, &a);
+    if (a.inputs_dir && (!*a.inputs_dir || cfg || a.save_dir))
+        die_usage("--inputs DIR names one layer: not with --configs or --save-inputs");
+    if (a.save_dir && !*a.save_dir)
+        die_usage("--save-inputs needs a folder");
+    if (a.baseline && !*a.baseline)
+        die_usage("--baseline needs a file");
+    if (!name_ok(a.baseline_label) || strlen(a.baseline_label) > 12)
+        die_usage("--baseline-label '%s': 1 to 12 letters, digits, '_', '-', '.'",
+                  a.baseline_label);
+    if (tokens)
+        parse_tokens(tokens, &a);
+    if (a.inputs_dir) {
+        load_inputs(&a, tokens != NULL);
     } else {
-        const uint64_t *t = a.o.quick ? quick_tokens : default_tokens;
-        size_t n = a.o.quick ? sizeof quick_tokens / sizeof *quick_tokens
-                             : sizeof default_tokens / sizeof *default_tokens;
-        memcpy(a.tokens, t, n * sizeof *t);
-        a.n_tokens = n;
+        memcpy(configs, builtin_configs, sizeof builtin_configs);
+        n_configs = N_BUILTIN;
+        if (!tokens) {
+            const uint64_t *t = a.o.quick ? quick_tokens : default_tokens;
+            size_t n = a.o.quick ? sizeof quick_tokens / sizeof *quick_tokens
+                                 : sizeof default_tokens / sizeof *default_tokens;
+            memcpy(a.tokens, t, n * sizeof *t);
+            a.n_tokens = n;
+        }
     }
+    for (size_t i = 0; i < n_configs; i++)
+        a.on[i] = true;
+    if (cfg)
+        parse_configs(cfg, &a);
     return a;
 }
 
 static int reps_for(const args *a, uint64_t T)
 {
-    int r = T <= 1024 ? 20 : 10;
-    return a->o.quick ? r / 2 : r;
+    int r = T <= ROTATE_MAX_T ? 20 : T < BIG_T ? 10 : 5;
+    return a->o.quick ? (r / 2 > 2 ? r / 2 : 2) : r;
 }
 
-static uint64_t max_tokens(const args *a)
+/* The inputs a point uses in turn. */
+static uint64_t inputs_at(const args *a, size_t ti)
 {
-    uint64_t m = 1;
-    for (size_t i = 0; i < a->n_tokens; i++)
-        if (a->tokens[i] > m)
-            m = a->tokens[i];
-    return m;
+    if (a->inputs_dir)
+        return (uint64_t)xin[ti].n;
+    return a->tokens[ti] <= ROTATE_MAX_T ? NX : 1;
 }
 
 /* ---- the peer ---------------------------------------------------------------------------- */
@@ -299,35 +1076,61 @@ static size_t token_index(const args *a, uint64_t T)
     return SIZE_MAX;
 }
 
+/* Layer c as the peer's spec: NAME:E:K:H:I:SCORING:RENORM:BIAS (what bench_graph passes
+ * too), then the v2 layer's options as KEY=VALUE fields, only where they differ from the
+ * v1 layer. */
+static void peer_spec(const moe_config *c, char *specs, size_t size)
+{
+    size_t n = strlen(specs);
+    snprintf(specs + n, size - n, "%s%s:%d:%d:%d:%d:%s:%d:%d", n ? "," : "", c->name, c->E,
+             c->k, c->H, c->I, c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax",
+             c->renormalize ? 1 : 0, c->bias ? 1 : 0);
+    if (c->n_group)
+        append(specs, size, ":group=%d/%d", c->n_group, c->topk_group);
+    if (c->routed_scaling != 0.f)
+        append(specs, size, ":scale=%.9g", (double)c->routed_scaling);
+    if (c->router_bias)
+        append(specs, size, ":rbias=1");
+    if (c->act != SC_MOE_SILU)
+        append(specs, size, ":act=%s", activation_name(c->act));
+    if (c->swiglu_alpha != 0.f)
+        append(specs, size, ":alpha=%.9g", (double)c->swiglu_alpha);
+    if (c->swiglu_limit != 0.f)
+        append(specs, size, ":limit=%.9g", (double)c->swiglu_limit);
+    if (c->layout == SC_MOE_W13_INTERLEAVED)
+        append(specs, size, ":layout=interleaved");
+    if (c->w13_bias && c->w2_bias)
+        append(specs, size, ":ebias=1");
+    else if (c->w13_bias || c->w2_bias)
+        append(specs, size, ":%s=1", c->w13_bias ? "w13bias" : "w2bias");
+    if (c->shared_I)
+        append(specs, size, ":shared=%d", c->shared_I);
+    if (c->shared_gate)
+        append(specs, size, ":sgate=1");
+}
+
 static void run_peer(const args *a, peer_result *p)
 {
     memset(p, 0, sizeof *p);
     p->matmul_tflops = NAN;
     p->copy_tbs = NAN;
-    char specs[512] = "", tokens[256] = "";
-    for (size_t i = 0; i < N_CONFIGS; i++) {
-        if (!a->on[i])
-            continue;
-        const moe_config *c = &all_configs[i];
-        size_t n = strlen(specs);
-        snprintf(specs + n, sizeof specs - n, "%s%s:%d:%d:%d:%d:%s:%d:%d", n ? "," : "",
-                 c->name, c->E, c->k, c->H, c->I,
-                 c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax", c->renormalize ? 1 : 0,
-                 c->bias ? 1 : 0);
-    }
-    for (size_t i = 0; i < a->n_tokens; i++) {
-        size_t n = strlen(tokens);
-        snprintf(tokens + n, sizeof tokens - n, "%s%" PRIu64, i ? "," : "", a->tokens[i]);
-    }
-    int budget = a->o.quick ? 120 : 210; /* seconds of measuring; then nan for the rest */
+    char specs[2048] = "", tokens[512] = "";
+    for (size_t i = 0; i < n_configs; i++)
+        if (a->on[i])
+            peer_spec(&configs[i], specs, sizeof specs);
+    for (size_t i = 0; i < a->n_tokens; i++)
+        append(tokens, sizeof tokens, "%s%" PRIu64, i ? "," : "", a->tokens[i]);
+    int budget = a->o.quick ? 120 : 180; /* seconds of measuring; then nan for the rest */
 
-    char peer_args[1024] = "--specs ";
+    char peer_args[3072] = "--specs "; /* bench_peer_open's command line holds 4096 */
     bench_shell_quote(peer_args, sizeof peer_args, specs);
     strncat(peer_args, " --tokens ", sizeof peer_args - strlen(peer_args) - 1);
     bench_shell_quote(peer_args, sizeof peer_args, tokens);
-    size_t n = strlen(peer_args);
-    snprintf(peer_args + n, sizeof peer_args - n, " --budget %d%s", budget,
-             a->o.quick ? " --quick" : "");
+    if (a->inputs_dir) { /* the same files; the spec is checked against them there */
+        strncat(peer_args, " --inputs ", sizeof peer_args - strlen(peer_args) - 1);
+        bench_shell_quote(peer_args, sizeof peer_args, a->inputs_dir);
+    }
+    append(peer_args, sizeof peer_args, " --budget %d%s", budget, a->o.quick ? " --quick" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
     const uint64_t t0 = bench_now_ns();
     FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
@@ -347,10 +1150,10 @@ static void run_peer(const args *a, peer_result *p)
             p->rows++;
         } else if (got == 4) {
             size_t ci = 0;
-            while (ci < N_CONFIGS && strcmp(all_configs[ci].name, w1) != 0)
+            while (ci < n_configs && strcmp(configs[ci].name, w1) != 0)
                 ci++;
             size_t ti = token_index(a, strtoull(w2, NULL, 10));
-            if (ci < N_CONFIGS && ti != SIZE_MAX) {
+            if (ci < n_configs && ti != SIZE_MAX) {
                 results[ci][ti].loop_ms = strtod(w3, NULL);
                 results[ci][ti].grouped_ms = strtod(w4, NULL);
                 p->rows++;
@@ -420,14 +1223,298 @@ static void fill_random(env *e, sc_buffer dst, uint64_t off, uint64_t n, sc_buff
     }
 }
 
-static sc_buffer new_bf16(env *e, uint64_t count, const char *label)
+static sc_buffer new_buffer(env *e, sc_dtype dtype, uint64_t count, const char *label)
 {
     sc_buffer b;
     SC_TRY(sc_buffer_create(e->ctx,
-                            &(sc_buffer_desc){.dtype = SC_BF16, .count = count, .label = label,
+                            &(sc_buffer_desc){.dtype = dtype, .count = count, .label = label,
                                               .stream = e->st},
                             &b));
     return b;
+}
+
+static sc_buffer new_bf16(env *e, uint64_t count, const char *label)
+{
+    return new_buffer(e, SC_BF16, count, label);
+}
+
+/* ---- files <-> device, through the pinned staging buffer ------------------------------------ */
+
+/* The next v.count elements of the open file into the view (its dtype's size is the file's). */
+static void upload_npy(env *e, npy_file *nf, sc_view v, uint64_t n)
+{
+    const uint64_t per = BLOCK_ELEMS * 2 / nf->elem_size;
+    char err[768];
+    for (uint64_t done = 0; done < n;) {
+        const uint64_t len = n - done < per ? n - done : per;
+        void *ptr = NULL;
+        uint64_t bytes = 0;
+        SC_TRY(sc_host_buffer_ptr(e->staging, &ptr, &bytes)); /* waits for the last upload */
+        if (!npy_read(nf, ptr, len, err, sizeof err)) {
+            printf("FAILED: --inputs: %s\n", err);
+            exit(1);
+        }
+        sc_view sub;
+        SC_TRY(sc_view_sub(v, done, len, &sub));
+        SC_TRY(sc_copy_from_host_buffer(e->st, sub, e->staging, 0));
+        done += len;
+    }
+}
+
+/* The view's n elements of elem_size bytes into the file being written. */
+static void download_npy(env *e, npy_writer *w, sc_view v, uint64_t n, size_t elem_size)
+{
+    const uint64_t per = BLOCK_ELEMS * 2 / elem_size;
+    char err[768];
+    for (uint64_t done = 0; done < n;) {
+        const uint64_t len = n - done < per ? n - done : per;
+        sc_view sub;
+        SC_TRY(sc_view_sub(v, done, len, &sub));
+        SC_TRY(sc_copy_to_host_buffer(e->st, e->staging, 0, sub));
+        void *ptr = NULL;
+        uint64_t bytes = 0;
+        SC_TRY(sc_host_buffer_ptr(e->staging, &ptr, &bytes)); /* waits for the copy */
+        if (!npy_write(w, ptr, len, err, sizeof err)) {
+            npy_abandon(w);
+            printf("FAILED: --save-inputs: %s\n", err);
+            exit(1);
+        }
+        done += len;
+    }
+}
+
+/* Write the view (a tensor of ndim/shape, '<u2' or '<f4') to path. */
+static void save_view(env *e, const char *path, sc_view v, bool f32, int ndim,
+                      const uint64_t *shape)
+{
+    npy_writer w;
+    char err[768];
+    uint64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    if (!npy_create(&w, path, f32 ? "<f4" : "<u2", ndim, shape, err, sizeof err)) {
+        printf("FAILED: --save-inputs: %s\n", err);
+        exit(1);
+    }
+    download_npy(e, &w, v, n, f32 ? 4 : 2);
+    if (!npy_finish(&w, err, sizeof err)) {
+        printf("FAILED: --save-inputs: %s\n", err);
+        exit(1);
+    }
+}
+
+static void make_dir(const char *path)
+{
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        printf("FAILED: --save-inputs: can't make %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+/* ---- the weights --------------------------------------------------------------------------- */
+
+/* The buffers (or the two allocations) and the tensors' views. */
+static void weights_create(env *e, const moe_config *c, layer_weights *w)
+{
+    char label[2][96];
+    snprintf(label[0], sizeof label[0], "%s checkpoint (bf16)", c->name);
+    snprintf(label[1], sizeof label[1], "%s checkpoint (f32)", c->name);
+    if (w->one_alloc) {
+        w->all_bf16 = new_buffer(e, SC_BF16, w->bf16_elems, label[0]);
+        if (w->f32_elems)
+            w->all_f32 = new_buffer(e, SC_F32, w->f32_elems, label[1]);
+    }
+    for (int i = 0; i < W_COUNT; i++) {
+        tensor *t = &w->t[i];
+        if (!t->count)
+            continue;
+        if (w->one_alloc) {
+            t->buf = t->dtype == SC_F32 ? w->all_f32 : w->all_bf16;
+            SC_TRY(sc_buffer_view(t->buf, t->off, t->count, &t->v));
+        } else {
+            t->buf = new_buffer(e, t->dtype, t->count, t->label);
+            t->off = 0;
+            t->v = sc_view_of(t->buf);
+        }
+    }
+}
+
+/* Uniform f32 values in [-half, half), made on the host. */
+static void upload_uniform(env *e, const tensor *t, float half)
+{
+    float *v = bench_xmalloc(t->count * sizeof *v);
+    for (uint64_t i = 0; i < t->count; i++)
+        v[i] = (float)((double)(bench_rand(&e->rng) >> 11) / 9007199254740992.0 - 0.5) *
+               (2.0f * half);
+    SC_TRY(sc_copy_from_host(e->st, t->v, v, t->count * sizeof *v));
+    free(v);
+}
+
+/* Random values in every tensor (the bf16 ones from two random blocks: fan-in H and fan-in
+ * I); returns when they are there. */
+static void weights_fill(env *e, const moe_config *c, layer_weights *w)
+{
+    const uint64_t E = (uint64_t)c->E, H = (uint64_t)c->H, I = (uint64_t)c->I;
+    const tensor *t = w->t;
+    sc_buffer blk_h = make_block(e, 1.0 / nolibm_sqrt((double)H), "random block 1/sqrt(H)");
+    sc_buffer blk_i = make_block(e, 1.0 / nolibm_sqrt((double)I), "random block 1/sqrt(I)");
+    fill_random(e, t[W_ROUTER].buf, t[W_ROUTER].off, t[W_ROUTER].count, blk_h);
+    for (uint64_t x = 0; x < E; x++) {
+        fill_random(e, t[W_W13].buf, t[W_W13].off + x * 2 * I * H, 2 * I * H, blk_h);
+        fill_random(e, t[W_W2].buf, t[W_W2].off + x * H * I, H * I, blk_i);
+    }
+    if (t[W_SEL_BIAS].count)
+        upload_uniform(e, &t[W_SEL_BIAS], 0.05f);
+    /* The shared expert's W2 from the 1/sqrt(I) block: its outputs are sqrt(I_s / I) times
+     * a routed expert's, at most 4x (I_s <= 16 I). */
+    static const int bf16_more[] = {W_SHARED_W13, W_SHARED_W2, W_SHARED_GATE};
+    for (size_t i = 0; i < sizeof bf16_more / sizeof *bf16_more; i++) {
+        const tensor *s = &t[bf16_more[i]];
+        if (s->count)
+            fill_random(e, s->buf, s->off, s->count, bf16_more[i] == W_SHARED_W2 ? blk_i : blk_h);
+    }
+    static const int f32_more[] = {W_ROUTER_BIAS, W_W13_BIAS, W_W2_BIAS};
+    for (size_t i = 0; i < sizeof f32_more / sizeof *f32_more; i++)
+        if (t[f32_more[i]].count)
+            upload_uniform(e, &t[f32_more[i]], 0.1f);
+    SC_TRY(sc_buffer_destroy(blk_h)); /* after the copies from them (stream-ordered) */
+    SC_TRY(sc_buffer_destroy(blk_i));
+    SC_TRY(sc_stream_synchronize(e->st));
+}
+
+/* Every tensor from its file under c->dir (checked again: the files may have changed since
+ * the start); returns when they are there. */
+static void weights_load(env *e, const moe_config *c, layer_weights *w)
+{
+    for (int i = 0; i < W_COUNT; i++) {
+        const tensor *t = &w->t[i];
+        if (!t->count)
+            continue;
+        char path[1024], err[768];
+        npy_file nf;
+        uint64_t shape[3];
+        const int nd = tensor_shape(c, i, shape);
+        snprintf(path, sizeof path, "%s/%s", c->dir, tensor_files[i]);
+        if (!npy_open(&nf, path, err, sizeof err) ||
+            !npy_expect(&nf, tensor_is_f32(i) ? "<f4" : "<u2", nd, shape, tensor_shapes[i], err,
+                        sizeof err)) {
+            printf("FAILED: --inputs: %s\n", err);
+            exit(1);
+        }
+        upload_npy(e, &nf, t->v, t->count);
+        npy_close(&nf);
+    }
+    SC_TRY(sc_stream_synchronize(e->st));
+}
+
+/* --save-inputs: layer.txt and every tensor into DIR/NAME. */
+static void weights_save(env *e, const args *a, const moe_config *c, const layer_weights *w)
+{
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/%s", a->save_dir, c->name);
+    make_dir(a->save_dir);
+    make_dir(dir);
+    snprintf(path, sizeof path, "%s/layer.txt", dir);
+    if (!write_layer_txt(path, c)) {
+        printf("FAILED: --save-inputs: writing %s failed: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    const uint64_t t0 = bench_now_ns();
+    uint64_t bytes = 0;
+    for (int i = 0; i < W_COUNT; i++) {
+        const tensor *t = &w->t[i];
+        if (!t->count)
+            continue;
+        uint64_t shape[3];
+        const int nd = tensor_shape(c, i, shape);
+        snprintf(path, sizeof path, "%s/%s", dir, tensor_files[i]);
+        save_view(e, path, t->v, tensor_is_f32(i), nd, shape);
+        bytes += t->count * (tensor_is_f32(i) ? 4 : 2);
+    }
+    printf("  saved the weights to %s: %.2f GB in %.1f s\n", dir, (double)bytes * 1e-9,
+           (double)(bench_now_ns() - t0) * 1e-9);
+}
+
+static void weights_destroy(layer_weights *w)
+{
+    if (w->one_alloc) {
+        SC_TRY(sc_buffer_destroy(w->all_bf16));
+        if (w->all_f32.id)
+            SC_TRY(sc_buffer_destroy(w->all_f32));
+    } else {
+        for (int i = 0; i < W_COUNT; i++)
+            if (w->t[i].count)
+                SC_TRY(sc_buffer_destroy(w->t[i].buf));
+    }
+}
+
+/* The layer over the weights: whole buffers for the v1 layers (as v1 takes them), views of
+ * the allocations for the others. */
+static sc_moe_desc layer_desc(const args *a, const moe_config *c, const layer_weights *w,
+                              uint64_t max_T)
+{
+    const tensor *t = w->t;
+    sc_moe_desc d = {.experts = c->E, .top_k = c->k, .hidden = c->H, .intermediate = c->I,
+                     .dtype = SC_BF16, .scoring = c->scoring, .renormalize = c->renormalize,
+                     .max_tokens = max_T, .label = c->name, .backend = a->backend,
+                     .n_group = c->n_group, .topk_group = c->topk_group,
+                     .routed_scaling = c->routed_scaling, .activation = c->act,
+                     .swiglu_alpha = c->swiglu_alpha, .swiglu_limit = c->swiglu_limit,
+                     .w13_layout = c->layout, .shared_intermediate = c->shared_I};
+    if (w->one_alloc) {
+        d.router_view = t[W_ROUTER].v;
+        d.w13_view = t[W_W13].v;
+        d.w2_view = t[W_W2].v;
+        if (t[W_SEL_BIAS].count)
+            d.selection_bias_view = t[W_SEL_BIAS].v;
+    } else {
+        d.router = t[W_ROUTER].buf;
+        d.w13 = t[W_W13].buf;
+        d.w2 = t[W_W2].buf;
+        if (t[W_SEL_BIAS].count)
+            d.selection_bias = t[W_SEL_BIAS].buf;
+    }
+    if (t[W_ROUTER_BIAS].count)
+        d.router_bias = t[W_ROUTER_BIAS].v;
+    if (t[W_W13_BIAS].count)
+        d.w13_bias = t[W_W13_BIAS].v;
+    if (t[W_W2_BIAS].count)
+        d.w2_bias = t[W_W2_BIAS].v;
+    if (t[W_SHARED_W13].count) {
+        d.shared_w13 = t[W_SHARED_W13].v;
+        d.shared_w2 = t[W_SHARED_W2].v;
+    }
+    if (t[W_SHARED_GATE].count)
+        d.shared_gate = t[W_SHARED_GATE].v;
+    return d;
+}
+
+/* "sigmoid + selection bias, groups 4 of 8, renormalized, x2.5, shared expert I_s=2048" */
+static void describe(const moe_config *c, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    append(buf, size, "%s%s%s", c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax",
+           c->router_bias ? " + router bias" : "", c->bias ? " + selection bias" : "");
+    if (c->n_group)
+        append(buf, size, ", groups %d of %d", c->topk_group, c->n_group);
+    append(buf, size, "%s", c->renormalize ? ", renormalized" : ", not renormalized");
+    if (c->routed_scaling != 0.f)
+        append(buf, size, ", x%g", (double)c->routed_scaling);
+    if (c->act != SC_MOE_SILU)
+        append(buf, size, ", %s", c->act == SC_MOE_GELU_TANH ? "GeLU(tanh)" : "clamped SwiGLU");
+    if (c->swiglu_alpha != 0.f || c->swiglu_limit != 0.f)
+        append(buf, size, " (alpha %g, limit %g)", (double)c->swiglu_alpha,
+               (double)c->swiglu_limit);
+    if (c->layout == SC_MOE_W13_INTERLEAVED)
+        append(buf, size, ", W13 interleaved");
+    if (c->w13_bias || c->w2_bias)
+        append(buf, size, ", %s biases",
+               c->w13_bias && c->w2_bias ? "W13/W2" : c->w13_bias ? "W13" : "W2");
+    if (c->shared_I)
+        append(buf, size, ", shared expert I_s=%d%s", c->shared_I,
+               c->shared_gate ? " (gated)" : "");
+    if (c->dir)
+        append(buf, size, "; inputs from %s", c->dir);
 }
 
 /* Device time of one forward (events around it); *host_us: the host time of the call. */
@@ -469,30 +1556,116 @@ static double measure_copy_tbs(env *e)
     return 2.0 * (double)GIB / (bench_median(ms, 10) * 1e-3) * 1e-12;
 }
 
-/* ---- one layer ---------------------------------------------------------------------------- */
+/* ---- the read rate: 1 GiB read by a streaming kernel, bytes / time, median of 10 ----------
+ * A forward mostly reads (its weights), and a read-only stream outruns a copy's read + write
+ * rate, so the floor's bandwidth is the larger of the two. The kernel reads 16 bytes per
+ * load, four loads in flight per thread, and folds them into a word that is stored only if
+ * it equals a constant (so the loads can't be dropped and nearly nothing is written). */
+static const char read_kernel_src[] =
+    "extern \"C\" __global__ void __launch_bounds__(512)\n"
+    "bench_read(const uint4 *a, unsigned long long n, unsigned *out)\n"
+    "{\n"
+    "    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n"
+    "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    unsigned acc = 0;\n"
+    "    for (; i + 3 * stride < n; i += 4 * stride) {\n"
+    "        const uint4 v0 = __ldcs(a + i), v1 = __ldcs(a + i + stride);\n"
+    "        const uint4 v2 = __ldcs(a + i + 2 * stride), v3 = __ldcs(a + i + 3 * stride);\n"
+    "        acc ^= v0.x ^ v0.y ^ v0.z ^ v0.w ^ v1.x ^ v1.y ^ v1.z ^ v1.w;\n"
+    "        acc ^= v2.x ^ v2.y ^ v2.z ^ v2.w ^ v3.x ^ v3.y ^ v3.z ^ v3.w;\n"
+    "    }\n"
+    "    for (; i < n; i += stride) {\n"
+    "        const uint4 v = __ldcs(a + i);\n"
+    "        acc ^= v.x ^ v.y ^ v.z ^ v.w;\n"
+    "    }\n"
+    "    if (acc == 0x9e3779b9u)\n"
+    "        out[blockIdx.x] = acc;\n"
+    "}\n";
 
-static void floor_for(const moe_config *c, uint64_t T, double copy_tbs, double tflops,
-                      point *pt)
+static double measure_read_tbs(env *e, int sm_count)
 {
-    const double E = c->E, k = c->k, H = c->H, I = c->I, t = (double)T;
-    double distinct = E * (1.0 - pow_u64(1.0 - k / E, T));
-    double bytes = distinct * 3.0 * H * I * 2.0 + E * H * 2.0 + 2.0 * t * H * 2.0;
-    double flops = 2.0 * t * E * H + 2.0 * t * k * 3.0 * H * I;
-    pt->bw_ms = bytes / (copy_tbs * 1e12) * 1e3;
-    pt->flop_ms = flops / (tflops * 1e12) * 1e3;
-    pt->floor_ms = dmax(pt->bw_ms, pt->flop_ms);
-    pt->flops = flops;
+    const uint64_t n = GIB / 2; /* bf16 elements */
+    const uint32_t blocks = (uint32_t)sm_count * 4;
+    sc_buffer src = new_bf16(e, n, "read src");
+    sc_buffer out = new_buffer(e, SC_U32, blocks, "read out");
+    fill_random(e, src, 0, n, e->xblk);
+    sc_program prog;
+    sc_module mod;
+    sc_kernel k;
+    SC_TRY(sc_program_create(e->ctx,
+                             &(sc_program_desc){.source = read_kernel_src, .name = "bench_read.cu"},
+                             &prog));
+    SC_TRY(sc_module_load(e->ctx, prog, &mod));
+    SC_TRY(sc_kernel_get(mod, "bench_read", &k));
+    const sc_launch_desc cfg = {.grid = {blocks, 1, 1}, .block = {512, 1, 1}};
+    double ms[10];
+    for (int i = -2; i < 10; i++) {
+        SC_TRY(sc_event_record(e->ev0, e->st));
+        SC_TRY(SC_LAUNCH(e->st, k, &cfg, sc_arg_in(sc_view_of(src)), sc_arg_u64(GIB / 16),
+                         sc_arg_out(sc_view_of(out))));
+        SC_TRY(sc_event_record(e->ev1, e->st));
+        SC_TRY(sc_event_synchronize(e->ev1));
+        float f = 0.f;
+        SC_TRY(sc_event_elapsed(e->ev0, e->ev1, &f));
+        if (i >= 0)
+            ms[i] = f;
+    }
+    SC_TRY(sc_module_destroy(mod));
+    SC_TRY(sc_program_destroy(prog));
+    SC_TRY(sc_buffer_destroy(src));
+    SC_TRY(sc_buffer_destroy(out));
+    SC_TRY(sc_context_trim(e->ctx));
+    return (double)GIB / (bench_median(ms, 10) * 1e-3) * 1e-12;
 }
 
-/* Device bytes the layer needs at T tokens: weights, workspace, inputs and output. */
-static uint64_t bytes_needed(const moe_config *c, uint64_t T)
+/* ---- one layer ---------------------------------------------------------------------------- */
+
+typedef struct floor_terms {
+    double weight_bytes; /* the weights a forward must read */
+    double bytes;        /* those + x and out */
+    double flops;
+    double bw_ms, flop_ms, floor_ms;
+} floor_terms;
+
+/* The floor of a forward over T tokens whose routing used `used` distinct routed experts
+ * (the header's formula). */
+static floor_terms floor_for(const moe_config *c, uint64_t T, int used, double copy_tbs,
+                             double tflops)
+{
+    const double E = c->E, k = c->k, H = c->H, I = c->I, Is = c->shared_I, t = (double)T;
+    const double gate = c->shared_gate ? 1.0 : 0.0;
+    const double per_expert =
+        3.0 * H * I * 2.0 + (c->w13_bias ? 2.0 * I * 4.0 : 0.0) + (c->w2_bias ? H * 4.0 : 0.0);
+    floor_terms f;
+    f.weight_bytes = used * per_expert                                  /* routed, used */
+                     + E * H * 2.0 + ((c->bias ? E : 0) + (c->router_bias ? E : 0)) * 4.0
+                     + 3.0 * H * Is * 2.0 + gate * H * 2.0; /* the shared expert: always */
+    f.bytes = f.weight_bytes + 2.0 * t * H * 2.0;           /* x and out */
+    f.flops = 2.0 * t * E * H + 2.0 * t * k * 3.0 * H * I + 2.0 * t * 3.0 * H * Is +
+              gate * 2.0 * t * H;
+    f.bw_ms = f.bytes / (copy_tbs * 1e12) * 1e3;
+    f.flop_ms = f.flops / (tflops * 1e12) * 1e3;
+    f.floor_ms = dmax(f.bw_ms, f.flop_ms);
+    return f;
+}
+
+/* Device bytes a point of T tokens and nx inputs needs: the weights, the layer's workspace
+ * (an upper bound of src/moe/plan.c's: router logits with the split router's slices, ids
+ * and weights, per-row indices and weights, h, y and the SM90 backend's x in expert order),
+ * the inputs, out, the expert ids and the random blocks. */
+static uint64_t bytes_needed(const moe_config *c, uint64_t T, uint64_t nx)
 {
     const uint64_t E = (uint64_t)c->E, k = (uint64_t)c->k, H = (uint64_t)c->H,
-                   I = (uint64_t)c->I, rows = T * k;
-    uint64_t weights = (E * H + 3 * E * H * I) * 2 + E * 4;
-    uint64_t ws = T * E * 4 + rows * 4 * 5 + (rows * I + rows * H) * 2 + (3 * E + 2) * 4;
-    uint64_t io = ((T <= ROTATE_MAX_T ? NX : 1) + 1) * T * H * 2;
-    return weights + ws + io + 2 * BLOCK_ELEMS * 2;
+                   I = (uint64_t)c->I, S = ((uint64_t)c->shared_I + I - 1) / I,
+                   rows = T * (k + S); /* the shared expert: S more rows per token */
+    const uint64_t split_rows = (T < 2048 ? T : 2048) * 16;
+    const uint64_t logit_rows = T > split_rows ? T : split_rows;
+    layer_weights w;
+    weights_layout(c, &w);
+    const uint64_t ws = logit_rows * (E + 1) * 4 + T * k * 8 + rows * 4 * 3 + T * 4 +
+                        rows * I * 2 + 2 * rows * H * 2 + (4 * (E + S) + 8) * 4;
+    const uint64_t io = (nx + 1) * T * H * 2 + T * k * 4;
+    return weights_bytes(&w) + ws + io + 2 * BLOCK_ELEMS * 2;
 }
 
 static void fmt_ms(char *buf, size_t size, double v)
@@ -519,27 +1692,54 @@ static void fmt_ratio(char *buf, size_t size, double num, double den)
         snprintf(buf, size, "%.2fx", num / den);
 }
 
+static int base_width(const args *a)
+{
+    int n = (int)strlen(a->baseline_label) + 3;
+    return n > 9 ? n : 9;
+}
+
+static void print_header(const args *a)
+{
+    printf("  %6s %7s %9s %9s %8s %5s %7s %7s", "T", "experts", "ours ms", "floor ms", "% floor",
+           "bound", "wt GB/s", "TFLOP/s");
+    if (a->baseline) {
+        char h1[32], h2[32];
+        snprintf(h1, sizeof h1, "%s ms", a->baseline_label);
+        snprintf(h2, sizeof h2, "vs %s", a->baseline_label);
+        printf(" %*s %*s", base_width(a), h1, base_width(a), h2);
+    }
+    printf(" %9s %10s %8s %10s\n", "loop ms", "grouped ms", "vs loop", "vs grouped");
+}
+
 static void print_row(const args *a, size_t ci, size_t ti)
 {
     const point *p = &results[ci][ti];
-    char ours[32], fl[32], lp[32], gm[32], vl[32], vg[32], pct[32];
-    fmt_ms(ours, sizeof ours, p->measured ? p->ours_ms : NAN);
-    fmt_ms(fl, sizeof fl, p->floor_ms);
+    const double ours = p->measured ? p->ours_ms : NAN;
+    char ex[32] = "-", om[32], fl[32], pct[32] = "-", bound[8] = "-", gbs[32] = "-",
+         tf[32] = "-", bm[32], vb[32], lp[32], gm[32], vl[32], vg[32];
+    fmt_ms(om, sizeof om, ours);
+    fmt_ms(fl, sizeof fl, p->measured ? p->floor_ms : NAN);
+    fmt_ms(bm, sizeof bm, p->base_ms);
     fmt_ms(lp, sizeof lp, p->loop_ms);
     fmt_ms(gm, sizeof gm, p->grouped_ms);
-    fmt_ratio(vl, sizeof vl, p->loop_ms, p->measured ? p->ours_ms : NAN);
-    fmt_ratio(vg, sizeof vg, p->grouped_ms, p->measured ? p->ours_ms : NAN);
-    if (p->measured)
-        snprintf(pct, sizeof pct, "%.1f%%", 100.0 * p->floor_ms / p->ours_ms);
-    else
-        snprintf(pct, sizeof pct, "-");
-    char tf[32];
-    if (p->measured)
-        snprintf(tf, sizeof tf, "%.0f", p->flops / (p->ours_ms * 1e-3) * 1e-12);
-    else
-        snprintf(tf, sizeof tf, "-");
-    printf("  %6" PRIu64 " %10s %10s %8s %6s %8s %10s %11s %8s %10s\n", a->tokens[ti], ours, fl,
-           pct, p->bw_ms >= p->flop_ms ? "mem" : "flops", tf, lp, gm, vl, vg);
+    fmt_ratio(vb, sizeof vb, p->base_ms, ours);
+    fmt_ratio(vl, sizeof vl, p->loop_ms, ours);
+    fmt_ratio(vg, sizeof vg, p->grouped_ms, ours);
+    if (p->measured) {
+        if (p->experts_min == p->experts_max)
+            snprintf(ex, sizeof ex, "%d", p->experts_min);
+        else
+            snprintf(ex, sizeof ex, "%d-%d", p->experts_min, p->experts_max);
+        snprintf(pct, sizeof pct, "%.1f%%%s", p->pct, p->pct > 100.0 ? "!" : "");
+        snprintf(bound, sizeof bound, "%s", p->bw_ms >= p->flop_ms ? "mem" : "flops");
+        snprintf(gbs, sizeof gbs, "%.0f", p->weight_gbs);
+        snprintf(tf, sizeof tf, "%.0f", p->tflops);
+    }
+    printf("  %6" PRIu64 " %7s %9s %9s %8s %5s %7s %7s", a->tokens[ti], ex, om, fl, pct, bound,
+           gbs, tf);
+    if (a->baseline)
+        printf(" %*s %*s", base_width(a), bm, base_width(a), vb);
+    printf(" %9s %10s %8s %10s\n", lp, gm, vl, vg);
     if (p->measured && p->prof.steps > 0) {
         printf("         host %.1f us; steps (ms):", p->host_us);
         for (int i = 0; i < p->prof.steps; i++)
@@ -549,148 +1749,245 @@ static void print_row(const args *a, size_t ci, size_t ti)
     }
 }
 
-static void run_config(env *e, const args *a, size_t ci, double copy_tbs, double tflops)
+/* The experts the layer's routing chooses for x: one forward with expert_ids (filled with -1
+ * first), copied back. Returns the distinct routed experts; ids outside 0 .. E-1 are counted
+ * into *bad (the first one's slot into *first_bad). */
+static int experts_used(env *e, sc_moe layer, const moe_config *c, sc_view x, sc_view out,
+                        sc_buffer ids, uint64_t T, uint64_t *bad, uint64_t *first_bad)
 {
-    const moe_config *c = &all_configs[ci];
-    const uint64_t E = (uint64_t)c->E, H = (uint64_t)c->H, I = (uint64_t)c->I;
-    const uint64_t maxT = max_tokens(a);
-    for (size_t ti = 0; ti < a->n_tokens; ti++)
-        floor_for(c, a->tokens[ti], copy_tbs, tflops, &results[ci][ti]);
-    const double weight_gb = (double)((E * H + 3 * E * H * I) * 2) * 1e-9;
+    const uint64_t n = T * (uint64_t)c->k;
+    const int32_t poison = -1;
+    SC_TRY(sc_fill(e->st, sc_view_of(ids), &poison));
+    SC_TRY(sc_moe_forward(e->st, layer, x, out,
+                          &(sc_moe_forward_desc){.expert_ids = sc_view_of(ids)}));
+    if (e->ids_elems < n) {
+        free(e->ids);
+        e->ids = bench_xmalloc(n * sizeof *e->ids);
+        e->ids_elems = n;
+    }
+    SC_TRY(sc_copy_to_host(e->st, e->ids, n * sizeof *e->ids, sc_view_of(ids)));
+    bool seen[SC_MOE_MAX_EXPERTS] = {false};
+    int distinct = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const int32_t id = e->ids[i];
+        if (id < 0 || id >= c->E) {
+            if (!*bad)
+                *first_bad = i;
+            ++*bad;
+        } else if (!seen[id]) {
+            seen[id] = true;
+            distinct++;
+        }
+    }
+    return distinct;
+}
 
-    printf("\n== %s: E=%d k=%d H=%d I=%d, %s%s%s; weights %.2f GB bf16\n", c->name, c->E, c->k,
-           c->H, c->I, c->scoring == SC_MOE_SIGMOID ? "sigmoid" : "softmax",
-           c->bias ? " + selection bias" : "",
-           c->renormalize ? ", renormalized" : ", not renormalized", weight_gb);
+/* Measure layer ci at token count ti (the point's inputs, experts, floor, timing, check). */
+static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
+                      double copy_tbs, double tflops)
+{
+    const moe_config *c = &configs[ci];
+    const uint64_t H = (uint64_t)c->H, T = a->tokens[ti], TH = T * H;
+    const uint64_t nx = inputs_at(a, ti);
+    sc_buffer xb = new_bf16(e, nx * TH, "x"), ob = new_bf16(e, TH, "out");
+    sc_buffer ib = new_buffer(e, SC_I32, T * (uint64_t)c->k, "expert ids");
+    sc_view xv[MAX_X], ov = sc_view_of(ob);
+    for (uint64_t i = 0; i < nx; i++)
+        SC_TRY(sc_buffer_view(xb, i * TH, TH, &xv[i]));
+    const uint64_t shape[2] = {T, H};
+    if (a->inputs_dir) {
+        for (uint64_t i = 0; i < nx; i++) {
+            npy_file nf;
+            char err[768];
+            if (!npy_open(&nf, xin[ti].path[i], err, sizeof err) ||
+                !npy_expect(&nf, "<u2", 2, shape, "tokens [T, H]", err, sizeof err)) {
+                printf("FAILED: --inputs: %s\n", err);
+                exit(1);
+            }
+            upload_npy(e, &nf, xv[i], TH);
+            npy_close(&nf);
+        }
+    } else {
+        fill_random(e, xb, 0, nx * TH, e->xblk);
+    }
+    if (a->save_dir)
+        for (uint64_t i = 0; i < nx; i++) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s/x_T%" PRIu64 "_%" PRIu64 ".npy", a->save_dir,
+                     c->name, T, i);
+            save_view(e, path, xv[i], false, 2, shape);
+        }
 
-    uint64_t free_b = 0, total_b = 0;
+    /* The experts each input's routing uses, and so its floor. */
+    point *p = &results[ci][ti];
+    floor_terms fl[MAX_X];
+    uint64_t bad = 0, first_bad = 0, bad_input = 0;
+    p->experts_min = SC_MOE_MAX_EXPERTS + 1;
+    p->experts_max = 0;
+    for (uint64_t i = 0; i < nx; i++) {
+        uint64_t before = bad;
+        int used = experts_used(e, layer, c, xv[i], ov, ib, T, &bad, &first_bad);
+        if (bad && !before)
+            bad_input = i;
+        fl[i] = floor_for(c, T, used, copy_tbs, tflops);
+        p->experts_min = used < p->experts_min ? used : p->experts_min;
+        p->experts_max = used > p->experts_max ? used : p->experts_max;
+    }
+
+    const uint64_t w0 = bench_now_ns();
+    for (int i = 0; i < 1000 && (i < WARMUP || bench_now_ns() - w0 < WARMUP_NS); i++) {
+        SC_TRY(sc_moe_forward(e->st, layer, xv[(uint64_t)i % nx], ov, NULL));
+        SC_TRY(sc_stream_synchronize(e->st));
+    }
+    const int reps = reps_for(a, T);
+    double ms[MAX_REPS], host[MAX_REPS], ratio[MAX_REPS], gbs[MAX_REPS];
+    double floor_sum = 0, bw_sum = 0;
+    for (int r = 0; r < reps; r++) {
+        const uint64_t i = (uint64_t)r % nx;
+        ms[r] = time_one(e, layer, xv[i], ov, &host[r]);
+        ratio[r] = fl[i].floor_ms / ms[r]; /* each forward against its own input's floor */
+        gbs[r] = fl[i].weight_bytes / (ms[r] * 1e-3) * 1e-9;
+        floor_sum += fl[i].floor_ms;
+        bw_sum += fl[i].bw_ms;
+    }
+    p->ours_ms = bench_median(ms, (size_t)reps);
+    p->host_us = bench_median(host, (size_t)reps);
+    p->pct = 100.0 * bench_median(ratio, (size_t)reps);
+    p->weight_gbs = bench_median(gbs, (size_t)reps);
+    p->floor_ms = floor_sum / reps;
+    p->bw_ms = bw_sum / reps;
+    p->flop_ms = fl[0].flop_ms;
+    p->tflops = fl[0].flops / (p->ours_ms * 1e-3) * 1e-12;
+    p->measured = true;
+    SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov, &(sc_moe_forward_desc){.profile = &p->prof}));
+
+    /* The check: out all NaN, one forward, no NaN or Inf may remain; every id an expert. */
+    const uint16_t nan_bits = 0x7fc0;
+    SC_TRY(sc_fill(e->st, ov, &nan_bits));
+    SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov, NULL));
+    if (e->host_elems < TH) {
+        free(e->host);
+        e->host = bench_xmalloc(TH * sizeof(uint16_t));
+        e->host_elems = TH;
+    }
+    SC_TRY(sc_copy_to_host(e->st, e->host, TH * sizeof(uint16_t), ov));
+    uint64_t nonfinite = 0, nonzero = 0, first_nf = 0;
+    for (uint64_t i = 0; i < TH; i++) {
+        uint16_t v = e->host[i];
+        if ((v & 0x7f80u) == 0x7f80u) {
+            if (!nonfinite)
+                first_nf = i;
+            nonfinite++;
+        }
+        nonzero += (v & 0x7fffu) != 0;
+    }
+    if (nonfinite) {
+        fflush(stdout);
+        printf("FAILED: %s T=%" PRIu64 ": out holds %" PRIu64 " NaN/Inf values of %" PRIu64
+               " (first at token %" PRIu64 ", column %" PRIu64 ": 0x%04x)\n",
+               c->name, T, nonfinite, TH, first_nf / H, first_nf % H, e->host[first_nf]);
+        exit(1);
+    }
+    if (bad) {
+        fflush(stdout);
+        printf("FAILED: %s T=%" PRIu64 ": the routing's expert ids hold %" PRIu64
+               " values outside 0 .. %d (input %" PRIu64 ", first at token %" PRIu64
+               ", slot %" PRIu64 ")\n",
+               c->name, T, bad, c->E - 1, bad_input, first_bad / (uint64_t)c->k,
+               first_bad % (uint64_t)c->k);
+        exit(1);
+    }
+    if (!nonzero)
+        printf("  warning: %s T=%" PRIu64 ": out is all zeros\n", c->name, T);
+    print_row(a, ci, ti);
+    if (p->pct > 100.0)
+        printf("  WARNING: %s T=%" PRIu64 " reads %.1f %% of its floor: faster than the floor "
+               "allows. The floor's rates (memory %.2f TB/s, matmul %.0f TFLOP/s) are below what "
+               "this forward reached, or its bytes or FLOPs are counted wrong, or the timing "
+               "is: this point's %% of floor is not a result\n",
+               c->name, T, p->pct, copy_tbs, tflops);
+    fflush(stdout);
+    SC_TRY(sc_buffer_destroy(xb));
+    SC_TRY(sc_buffer_destroy(ob));
+    SC_TRY(sc_buffer_destroy(ib));
+}
+
+/* Measure layer ci at its token counts; false when its sc_moe_create failed (printed). */
+static bool run_config(env *e, const args *a, size_t ci, double copy_tbs, double tflops)
+{
+    const moe_config *c = &configs[ci];
+    layer_weights w;
+    weights_layout(c, &w);
+    char what[1400];
+    describe(c, what, sizeof what);
+    printf("\n== %s: E=%d k=%d H=%d I=%d, %s; weights %.2f GB%s\n", c->name, c->E, c->k,
+           c->H, c->I, what, (double)weights_bytes(&w) * 1e-9,
+           w.one_alloc ? ", views of one allocation per dtype" : ", separate buffers");
+
+    /* The counts that fit in the free memory (the weights included: none exist yet). */
+    uint64_t free_b = 0, total_b = 0, maxT = 0;
     SC_TRY(sc_context_trim(e->ctx));
     SC_TRY(sc_device_memory(0, &free_b, &total_b));
-    uint64_t need = bytes_needed(c, maxT) + GIB / 2;
-    if (need > free_b) {
-        printf("  skipped: needs %.1f GB of device memory at T=%" PRIu64 ", %.1f GB free\n",
-               (double)need * 1e-9, maxT, (double)free_b * 1e-9);
+    for (size_t ti = 0; ti < a->n_tokens; ti++) {
+        const uint64_t T = a->tokens[ti], need = bytes_needed(c, T, inputs_at(a, ti)) + GIB / 2;
+        if (need > free_b) {
+            results[ci][ti].no_room = true;
+            printf("  T=%" PRIu64 ": skipped: needs %.1f GB of device memory (weights %.1f GB, "
+                   "workspace, inputs and output), %.1f GB free\n",
+                   T, (double)need * 1e-9, (double)weights_bytes(&w) * 1e-9,
+                   (double)free_b * 1e-9);
+        } else if (T > maxT) {
+            maxT = T;
+        }
+    }
+    if (!maxT) {
+        printf("  skipped: no token count fits\n");
+        print_header(a);
         for (size_t ti = 0; ti < a->n_tokens; ti++)
             print_row(a, ci, ti);
-        return;
+        return true;
     }
 
-    /* The weights, from two random blocks (fan-in H and fan-in I). */
     uint64_t t0 = bench_now_ns();
-    sc_buffer blk_h = make_block(e, 1.0 / nolibm_sqrt((double)H), "random block 1/sqrt(H)");
-    sc_buffer blk_i = make_block(e, 1.0 / nolibm_sqrt((double)I), "random block 1/sqrt(I)");
-    sc_buffer router = new_bf16(e, E * H, "router");
-    sc_buffer w13 = new_bf16(e, E * 2 * I * H, "w13");
-    sc_buffer w2 = new_bf16(e, E * H * I, "w2");
-    fill_random(e, router, 0, E * H, blk_h);
-    for (uint64_t x = 0; x < E; x++) {
-        fill_random(e, w13, x * 2 * I * H, 2 * I * H, blk_h);
-        fill_random(e, w2, x * H * I, H * I, blk_i);
-    }
-    sc_buffer bias = {0};
-    if (c->bias) {
-        float b[256]; /* E <= 256 (the layer's limit) */
-        for (uint64_t x = 0; x < E; x++) /* uniform in [-0.05, 0.05) */
-            b[x] = (float)((double)(bench_rand(&e->rng) >> 11) / 9007199254740992.0 - 0.5) *
-                   0.1f;
-        SC_TRY(sc_buffer_create(e->ctx,
-                                &(sc_buffer_desc){.dtype = SC_F32, .count = E,
-                                                  .label = "selection bias", .stream = e->st},
-                                &bias));
-        SC_TRY(sc_copy_from_host(e->st, sc_view_of(bias), b, E * sizeof(float)));
-    }
-    SC_TRY(sc_buffer_destroy(blk_h)); /* after the copies from them (stream-ordered) */
-    SC_TRY(sc_buffer_destroy(blk_i));
-    SC_TRY(sc_stream_synchronize(e->st));
+    weights_create(e, c, &w);
+    if (c->dir)
+        weights_load(e, c, &w);
+    else
+        weights_fill(e, c, &w);
     double made_s = (double)(bench_now_ns() - t0) * 1e-9;
 
     t0 = bench_now_ns();
     sc_moe layer;
-    SC_TRY(sc_moe_create(e->ctx,
-                         &(sc_moe_desc){.experts = c->E, .top_k = c->k, .hidden = c->H,
-                                        .intermediate = c->I, .dtype = SC_BF16,
-                                        .scoring = c->scoring, .renormalize = c->renormalize,
-                                        .router = router, .w13 = w13, .w2 = w2,
-                                        .selection_bias = bias, .max_tokens = maxT,
-                                        .label = c->name, .backend = a->backend},
-                         &layer));
+    sc_moe_desc desc = layer_desc(a, c, &w, maxT);
+    sc_status cs = sc_moe_create(e->ctx, &desc, &layer);
+    if (cs != SC_OK) {
+        printf("FAILED: %s: sc_moe_create returned %s: %s\n", c->name, sc_status_name(cs),
+               sc_last_error());
+        weights_destroy(&w);
+        SC_TRY(sc_context_trim(e->ctx));
+        return false;
+    }
     SC_TRY(sc_stream_synchronize(e->st));
     double create_s = (double)(bench_now_ns() - t0) * 1e-9;
     uint64_t ws = 0;
     SC_TRY(sc_moe_workspace_bytes(layer, &ws));
-    printf("  weights made in %.2f s; sc_moe_create %.2f s (kernels compiled or loaded from the "
+    printf("  weights %s in %.2f s; sc_moe_create %.2f s (kernels compiled or loaded from the "
            "cache); workspace %.2f GB for %" PRIu64 " tokens\n",
-           made_s, create_s, (double)ws * 1e-9, maxT);
-    printf("  %6s %10s %10s %8s %6s %8s %10s %11s %8s %10s\n", "T", "ours ms", "floor ms",
-           "% floor", "bound", "TFLOP/s", "loop ms", "grouped ms", "vs loop", "vs grouped");
-
+           c->dir ? "read" : "made", made_s, create_s, (double)ws * 1e-9, maxT);
+    if (a->save_dir)
+        weights_save(e, a, c, &w);
+    print_header(a);
     for (size_t ti = 0; ti < a->n_tokens; ti++) {
-        const uint64_t T = a->tokens[ti], TH = T * H;
-        const uint64_t nx = T <= ROTATE_MAX_T ? NX : 1;
-        sc_buffer xb = new_bf16(e, nx * TH, "x"), ob = new_bf16(e, TH, "out");
-        fill_random(e, xb, 0, nx * TH, e->xblk);
-        sc_view xv[NX], ov = sc_view_of(ob);
-        for (uint64_t i = 0; i < nx; i++)
-            SC_TRY(sc_buffer_view(xb, i * TH, TH, &xv[i]));
-
-        const uint64_t w0 = bench_now_ns();
-        for (int i = 0; i < 1000 && (i < WARMUP || bench_now_ns() - w0 < WARMUP_NS); i++) {
-            SC_TRY(sc_moe_forward(e->st, layer, xv[(uint64_t)i % nx], ov, NULL));
-            SC_TRY(sc_stream_synchronize(e->st));
-        }
-        const int reps = reps_for(a, T);
-        double ms[20], host[20];
-        for (int r = 0; r < reps; r++)
-            ms[r] = time_one(e, layer, xv[(uint64_t)r % nx], ov, &host[r]);
-        point *p = &results[ci][ti];
-        p->ours_ms = bench_median(ms, (size_t)reps);
-        p->host_us = bench_median(host, (size_t)reps);
-        p->measured = true;
-        SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov,
-                              &(sc_moe_forward_desc){.profile = &p->prof}));
-
-        /* The check: out all NaN, one forward, no NaN or Inf may remain. */
-        const uint16_t nan_bits = 0x7fc0;
-        SC_TRY(sc_fill(e->st, ov, &nan_bits));
-        SC_TRY(sc_moe_forward(e->st, layer, xv[0], ov, NULL));
-        if (e->host_elems < TH) {
-            free(e->host);
-            e->host = bench_xmalloc(TH * sizeof(uint16_t));
-            e->host_elems = TH;
-        }
-        SC_TRY(sc_copy_to_host(e->st, e->host, TH * sizeof(uint16_t), ov));
-        uint64_t bad = 0, nonzero = 0, first_bad = 0;
-        for (uint64_t i = 0; i < TH; i++) {
-            uint16_t v = e->host[i];
-            if ((v & 0x7f80u) == 0x7f80u) {
-                if (!bad)
-                    first_bad = i;
-                bad++;
-            }
-            nonzero += (v & 0x7fffu) != 0;
-        }
-        if (bad) {
-            fflush(stdout);
-            printf("FAILED: %s T=%" PRIu64 ": out holds %" PRIu64 " NaN/Inf values of %" PRIu64
-                   " (first at token %" PRIu64 ", column %" PRIu64 ": 0x%04x)\n",
-                   c->name, T, bad, TH, first_bad / H, first_bad % H, e->host[first_bad]);
-            exit(1);
-        }
-        if (!nonzero)
-            printf("  warning: %s T=%" PRIu64 ": out is all zeros\n", c->name, T);
-        print_row(a, ci, ti);
-        fflush(stdout);
-        SC_TRY(sc_buffer_destroy(xb));
-        SC_TRY(sc_buffer_destroy(ob));
+        if (results[ci][ti].no_room)
+            print_row(a, ci, ti);
+        else
+            run_point(e, a, ci, ti, layer, copy_tbs, tflops);
     }
 
     SC_TRY(sc_moe_destroy(layer));
-    SC_TRY(sc_buffer_destroy(router));
-    SC_TRY(sc_buffer_destroy(w13));
-    SC_TRY(sc_buffer_destroy(w2));
-    if (bias.id)
-        SC_TRY(sc_buffer_destroy(bias));
+    weights_destroy(&w);
     SC_TRY(sc_context_trim(e->ctx));
+    return true;
 }
 
 /* ---- output ------------------------------------------------------------------------------ */
@@ -708,18 +2005,27 @@ static bool write_csv(const args *a, char *path, size_t path_size)
     FILE *f = bench_open_out(&a->o, "bench_moe.csv", path, path_size);
     if (!f)
         return false;
-    fprintf(f, "config,T,ours_ms,floor_ms,pct_floor,loop_ms,grouped_ms\n");
-    for (size_t ci = 0; ci < N_CONFIGS; ci++) {
+    fprintf(f, "config,T,ours_ms,floor_ms,pct_floor,experts_min,experts_max,weight_gbs,tflops,"
+               "bound,loop_ms,grouped_ms,baseline_ms,vs_baseline\n");
+    for (size_t ci = 0; ci < n_configs; ci++) {
         if (!a->on[ci])
             continue;
         for (size_t ti = 0; ti < a->n_tokens; ti++) {
             const point *p = &results[ci][ti];
-            fprintf(f, "%s,%" PRIu64 ",", all_configs[ci].name, a->tokens[ti]);
-            csv_num(f, p->measured ? p->ours_ms : NAN, ",");
-            csv_num(f, p->floor_ms, ",");
-            csv_num(f, p->measured ? 100.0 * p->floor_ms / p->ours_ms : NAN, ",");
+            const bool m = p->measured;
+            fprintf(f, "%s,%" PRIu64 ",", configs[ci].name, a->tokens[ti]);
+            csv_num(f, m ? p->ours_ms : NAN, ",");
+            csv_num(f, m ? p->floor_ms : NAN, ",");
+            csv_num(f, m ? p->pct : NAN, ",");
+            csv_num(f, m ? p->experts_min : NAN, ",");
+            csv_num(f, m ? p->experts_max : NAN, ",");
+            csv_num(f, m ? p->weight_gbs : NAN, ",");
+            csv_num(f, m ? p->tflops : NAN, ",");
+            fprintf(f, "%s,", !m ? "nan" : p->bw_ms >= p->flop_ms ? "mem" : "flops");
             csv_num(f, p->loop_ms, ",");
-            csv_num(f, p->grouped_ms, "\n");
+            csv_num(f, p->grouped_ms, ",");
+            csv_num(f, p->base_ms, ",");
+            csv_num(f, m && !isnan(p->base_ms) ? p->base_ms / p->ours_ms : NAN, "\n");
         }
     }
     bool ok = fclose(f) == 0;
@@ -767,45 +2073,69 @@ static void plot(const args *a, const char *csv, char *msg, size_t size)
                  st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1, last);
 }
 
-static void summary(const args *a, const sc_device_props *props, double copy_tbs,
+static void summary(const args *a, const sc_device_props *props, double read_tbs, double copy_tbs,
                     const peer_result *peer, double tflops, bool tflops_nominal,
-                    const char *csv, const char *png)
+                    const bool *failed, const char *csv, const char *png)
 {
     printf("\n==== bench_moe summary: %s%s\n", props->name, a->o.quick ? " (--quick)" : "");
     char torch_copy[64] = "";
     if (!isnan(peer->copy_tbs))
         snprintf(torch_copy, sizeof torch_copy, "; torch %.2f", peer->copy_tbs);
-    printf("floor rates: copy %.2f TB/s (r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s)\n",
-           copy_tbs, torch_copy, tflops,
+    printf("floor rates: memory %.2f TB/s (the larger of: read %.2f TB/s, 1 GiB streaming "
+           "kernel; copy %.2f TB/s, r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s); "
+           "floor bytes count the experts each input's routing used\n",
+           dmax(read_tbs, copy_tbs), read_tbs, copy_tbs, torch_copy, tflops,
            tflops_nominal ? "nominal: no peer" : "torch bf16 8192^3");
-    printf("ms = median forward; %%fl = floor / ours; x loop, x grpd = torch time / ours\n");
-    printf("%-15s", "T");
+    printf("ms = median forward; %%fl = median of floor / time; x loop, x grpd = torch time / "
+           "ours%s%s%s; -: not measured\n",
+           a->baseline ? "; x base = " : "", a->baseline ? a->baseline_label : "",
+           a->baseline ? " time / ours" : "");
+    printf("%-19s", "T");
     for (size_t ti = 0; ti < a->n_tokens; ti++)
         printf(" %7" PRIu64, a->tokens[ti]);
     printf("\n");
-    for (size_t ci = 0; ci < N_CONFIGS; ci++) {
+    static const char *const rows[] = {"ms", "%fl", "x loop", "x grpd", "x base"};
+    const int n_rows = a->baseline ? 5 : 4;
+    int above = 0;
+    for (size_t ci = 0; ci < n_configs; ci++) {
         if (!a->on[ci])
             continue;
-        static const char *const rows[] = {"ms", "%fl", "x loop", "x grpd"};
-        for (int r = 0; r < 4; r++) {
-            printf("%-8s %-6s", r == 0 ? all_configs[ci].name : "", rows[r]);
+        for (int r = 0; r < n_rows; r++) {
+            printf("%-12.12s %-6s", r == 0 ? configs[ci].name : "", rows[r]);
             for (size_t ti = 0; ti < a->n_tokens; ti++) {
                 const point *p = &results[ci][ti];
                 double ours = p->measured ? p->ours_ms : NAN;
                 char cell[32];
                 if (r == 0)
                     fmt_ms(cell, sizeof cell, ours);
-                else if (r == 1 && !isnan(ours))
-                    snprintf(cell, sizeof cell, "%.0f%%", 100.0 * p->floor_ms / ours);
+                else if (r == 1 && p->measured)
+                    snprintf(cell, sizeof cell, "%.0f%%%s", p->pct, p->pct > 100.0 ? "!" : "");
                 else if (r == 1)
                     snprintf(cell, sizeof cell, "-");
                 else
-                    fmt_ratio(cell, sizeof cell, r == 2 ? p->loop_ms : p->grouped_ms, ours);
+                    fmt_ratio(cell, sizeof cell,
+                              r == 2 ? p->loop_ms : r == 3 ? p->grouped_ms : p->base_ms, ours);
+                if (r == 1 && p->measured && p->pct > 100.0)
+                    above++;
                 printf(" %7s", cell);
             }
             printf("\n");
         }
     }
+    if (above) {
+        printf("WARNING: %d point%s above 100 %% of the floor (marked !):", above,
+               above == 1 ? "" : "s");
+        for (size_t ci = 0; ci < n_configs; ci++)
+            for (size_t ti = 0; ti < a->n_tokens; ti++)
+                if (a->on[ci] && results[ci][ti].measured && results[ci][ti].pct > 100.0)
+                    printf(" %s T=%" PRIu64 " (%.1f%%)", configs[ci].name, a->tokens[ti],
+                           results[ci][ti].pct);
+        printf("; their floors' rates are below what the forwards reached, or something is "
+               "counted or timed wrong\n");
+    }
+    for (size_t ci = 0; ci < n_configs; ci++)
+        if (failed[ci])
+            printf("FAILED: %s: sc_moe_create failed (see above)\n", configs[ci].name);
     if (peer->ok)
         printf("peer: %s\n", peer->info[0] ? peer->info : "ok");
     else
@@ -820,27 +2150,34 @@ int main(int argc, char **argv)
 {
     args a = parse_args(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    for (size_t ci = 0; ci < MAX_CONFIGS; ci++)
+        for (size_t ti = 0; ti < MAX_TOKEN_COUNTS; ti++) {
+            point *p = &results[ci][ti];
+            p->loop_ms = p->grouped_ms = p->base_ms = NAN;
+            p->floor_ms = p->pct = p->bw_ms = p->flop_ms = NAN;
+        }
+    if (a.baseline)
+        read_baseline(&a);
     bench_require_gpu("bench_moe");
     sc_device_props props;
     char desc[512];
     bench_describe_device(0, &props, desc, sizeof desc);
     printf("bench_moe: %s\n", desc);
     printf("configs:");
-    for (size_t ci = 0; ci < N_CONFIGS; ci++)
+    for (size_t ci = 0; ci < n_configs; ci++)
         if (a.on[ci])
-            printf(" %s", all_configs[ci].name);
+            printf(" %s", configs[ci].name);
+    if (a.inputs_dir)
+        printf(" (from %s)", a.inputs_dir);
     printf("; T:");
     for (size_t ti = 0; ti < a.n_tokens; ti++)
         printf(" %" PRIu64, a.tokens[ti]);
-    printf("; median of %d (T <= 1024) / %d forwards after >= %d warm-up (>= %.1f s)%s\n",
-           reps_for(&a, 1), reps_for(&a, 4096), WARMUP, (double)WARMUP_NS * 1e-9,
-           a.o.quick ? " (--quick)" : "");
-    for (size_t ci = 0; ci < N_CONFIGS; ci++)
-        for (size_t ti = 0; ti < MAX_TOKEN_COUNTS; ti++) {
-            results[ci][ti].loop_ms = NAN;
-            results[ci][ti].grouped_ms = NAN;
-            results[ci][ti].floor_ms = results[ci][ti].bw_ms = results[ci][ti].flop_ms = NAN;
-        }
+    printf("; median of %d (T <= %d) / %d (T < %d) / %d forwards after >= %d warm-up (>= %.1f "
+           "s)%s\n",
+           reps_for(&a, 1), ROTATE_MAX_T, reps_for(&a, BIG_T / 2), BIG_T, reps_for(&a, BIG_T),
+           WARMUP, (double)WARMUP_NS * 1e-9, a.o.quick ? " (--quick)" : "");
+    if (a.save_dir)
+        printf("saving each layer's weights and tokens under %s/NAME\n", a.save_dir);
 
     /* The peer first, alone on the GPU: nothing of ours is allocated yet. */
     peer_result peer;
@@ -854,24 +2191,33 @@ int main(int argc, char **argv)
     SC_TRY(sc_event_create(e.ctx, &(sc_event_desc){.timing = true, .label = "t0"}, &e.ev0));
     SC_TRY(sc_event_create(e.ctx, &(sc_event_desc){.timing = true, .label = "t1"}, &e.ev1));
     SC_TRY(sc_host_buffer_create(
-        e.ctx, &(sc_host_buffer_desc){.bytes = BLOCK_ELEMS * 2, .label = "random staging"},
+        e.ctx, &(sc_host_buffer_desc){.bytes = BLOCK_ELEMS * 2, .label = "staging"},
         &e.staging));
     e.xblk = make_block(&e, 1.0, "random block N(0,1)");
 
-    double copy_tbs = measure_copy_tbs(&e);
+    const double copy_only_tbs = measure_copy_tbs(&e);
+    const double read_tbs = measure_read_tbs(&e, props.sm_count);
+    /* The floor's bandwidth: the faster of the two ways of moving bytes measured here. */
+    const double copy_tbs = dmax(copy_only_tbs, read_tbs);
     double tflops = peer.matmul_tflops;
     bool nominal = isnan(tflops) || tflops <= 0;
     if (nominal) { /* dense bf16 tensor FLOP per SM per clock: 4096 on Hopper */
         double per_clk = props.cc_major >= 10 ? 8192 : props.cc_major == 9 ? 4096 : 2048;
         tflops = props.sm_count * (props.clock_khz * 1e3) * per_clk * 1e-12;
     }
-    printf("\nrates: copy %.3f TB/s (1 GiB sc_copy D2D, read + write, median of 10); matmul "
+    printf("\nrates: read %.3f TB/s (1 GiB by a streaming kernel, median of 10), copy %.3f TB/s "
+           "(1 GiB sc_copy D2D, read + write, median of 10): the floor uses %.3f; matmul "
            "%.1f TFLOP/s (%s)\n",
-           copy_tbs, tflops, nominal ? "nominal, from the device properties" : "torch peer");
+           read_tbs, copy_only_tbs, copy_tbs, tflops,
+           nominal ? "nominal, from the device properties" : "torch peer");
 
-    for (size_t ci = 0; ci < N_CONFIGS; ci++)
-        if (a.on[ci])
-            run_config(&e, &a, ci, copy_tbs, tflops);
+    bool failed[MAX_CONFIGS] = {false};
+    int rc = 0;
+    for (size_t ci = 0; ci < n_configs; ci++)
+        if (a.on[ci] && !run_config(&e, &a, ci, copy_tbs, tflops)) {
+            failed[ci] = true;
+            rc = 1;
+        }
 
     SC_TRY(sc_buffer_destroy(e.xblk));
     SC_TRY(sc_host_buffer_destroy(e.staging));
@@ -879,6 +2225,7 @@ int main(int argc, char **argv)
     SC_TRY(sc_event_destroy(e.ev1));
     SC_TRY(sc_context_destroy(e.ctx));
     free(e.host);
+    free(e.ids);
 
     char csv[1024] = "", png[1200] = "";
     if (write_csv(&a, csv, sizeof csv)) {
@@ -886,6 +2233,6 @@ int main(int argc, char **argv)
     } else {
         csv[0] = '\0';
     }
-    summary(&a, &props, copy_tbs, &peer, tflops, nominal, csv, png);
-    return 0;
+    summary(&a, &props, read_tbs, copy_only_tbs, &peer, tflops, nominal, failed, csv, png);
+    return rc;
 }

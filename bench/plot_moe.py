@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Plot bench_moe's results: one panel per layer, forward time (ms, log) against tokens T
-(log), with safecuda's fused layer, the torch expert loop, torch._grouped_mm and the floor.
+"""Plot bench_moe's results: one panel per layer (two columns, in the CSV's order), forward
+time (ms, log) against tokens T (log, the counts that layer ran), with safecuda's fused
+layer, the torch expert loop, torch._grouped_mm and the floor.
 
     plot_moe.py bench_moe.csv bench_moe.png
 
-The CSV is bench_moe's: config,T,ours_ms,floor_ms,pct_floor,loop_ms,grouped_ms ("nan" where
-a value is missing). Exits non-zero, saying why, when matplotlib is missing or the CSV holds
-no rows.
+The CSV is bench_moe's: config,T,ours_ms,floor_ms,pct_floor,experts_min,experts_max,
+weight_gbs,tflops,bound,loop_ms,grouped_ms,baseline_ms,vs_baseline ("nan" where a value is
+missing; an older file without the columns after pct_floor but loop_ms and grouped_ms is
+drawn too). The floor is the mean of the timed forwards' floors (the experts each input's
+routing used); the % beside each point is the median of floor / time. With --baseline the
+earlier run's times are drawn as a dotted line. Exits non-zero, saying why, when
+matplotlib is missing or the CSV holds no rows.
 """
 import csv
 import math
@@ -17,6 +22,10 @@ SHAPES = {
     "qwen3moe": "E=128 k=8 H=2048 I=768",
     "olmoe": "E=64 k=8 H=2048 I=1024",
     "dsv3": "E=256 k=8 H=7168 I=2048",
+    "deepseek_v3": "E=256 k=8 H=7168 I=2048, groups 4/8, shared 2048",
+    "kimi_k2": "E=384 k=8 H=7168 I=2048, shared 2048",
+    "qwen3_next": "E=512 k=10 H=2048 I=512, gated shared 512",
+    "gpt_oss_120b": "E=128 k=4 H=2880 I=2880, clamped SwiGLU, biases",
 }
 
 SERIES = (  # column, label, style
@@ -24,6 +33,7 @@ SERIES = (  # column, label, style
     ("loop_ms", "torch expert loop", dict(color="C3", marker="s", lw=1.2)),
     ("grouped_ms", "torch _grouped_mm", dict(color="C2", marker="^", lw=1.2)),
     ("floor_ms", "floor max(bytes/copy, FLOPs/matmul)", dict(color="k", ls="--", lw=1)),
+    ("baseline_ms", "baseline (an earlier run)", dict(color="C0", ls=":", marker=".", lw=1)),
 )
 
 
@@ -66,7 +76,7 @@ def main():
         rows = sorted(data[name], key=lambda r: int(r["T"]))
         ts = [int(r["T"]) for r in rows]
         for col, label, style in SERIES:
-            vs = [num(r[col]) for r in rows]  # nan breaks the line: a missing point shows
+            vs = [num(r.get(col)) for r in rows]  # nan breaks the line: a gap shows
             if any(not math.isnan(v) for v in vs):
                 ax.plot(ts, vs, label=label, **style)
         for t, r in zip(ts, rows):  # % of floor next to each of our points
@@ -88,8 +98,9 @@ def main():
         ax.legend(fontsize=7, loc="upper left")
     for j in range(len(names), nrows * ncols):
         axes[j // ncols][j % ncols].axis("off")
-    fig.suptitle("MoE layer forward, bf16 (% = floor / safecuda time)", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle("MoE layer forward, bf16 (% = floor / safecuda time, the experts used)",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the title
     fig.savefig(dst, dpi=120)
     print(dst)
     return 0

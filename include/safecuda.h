@@ -831,6 +831,10 @@ typedef struct sc_tensor_map_desc {
     uint32_t box_rows, box_cols; /* 1 .. 256 each; box_cols x element size a multiple of 16
                                     bytes and at most the swizzle span (32, 64, 128 bytes) */
     sc_tensor_swizzle swizzle;   /* how the box is laid out in shared memory */
+    uint64_t row_stride;         /* elements from one row's start to the next (0: cols), at
+                                    least cols, a multiple of 16 bytes; with it, the view
+                                    holds (rows - 1) x row_stride + cols elements (a matrix
+                                    whose rows are every other row of a larger one, say) */
 } sc_tensor_map_desc;
 
 #if defined(__cplusplus)

@@ -11,7 +11,21 @@
  * bf16 weights and activations, fp32 accumulation, tensor cores: on sm_90 (H100, H200)
  * warpgroup MMAs fed by the bulk tensor copy engine, elsewhere (sm_80+) mma.sync. The
  * forward pass makes no host synchronization (expert counts stay on the device) and is
- * deterministic: the same input gives bit-identical output. */
+ * deterministic: the same input gives bit-identical output.
+ *
+ * The layers of the models people serve, each field's zero meaning the textbook layer above:
+ * - routing: group-limited selection (DeepSeek-V3: the experts of the topk_group best of
+ *   n_group groups, a group scored by the sum of its two best biased scores), a routed
+ *   scaling factor, a router bias added to the logits (gpt-oss), up to 512 experts and
+ *   top-16; or the caller's own routing (expert ids and weights, ids < 0 for padded slots),
+ *   or the routing alone (sc_moe_route);
+ * - experts: SiLU-GLU, GeLU(tanh)-GLU or gpt-oss's clamped SwiGLU; W13 rows stacked (all
+ *   gate rows, then all up rows) or interleaved (gate, up, gate, up, ...); f32 biases on
+ *   both projections; a shared expert every token uses (DeepSeek-V3, Kimi K2, Qwen3-Next),
+ *   optionally gated by sigmoid(x . gate row), computed in the same grouped GEMMs;
+ * - weights as views into larger buffers (a checkpoint loaded as one allocation), at any
+ *   16-byte aligned offset;
+ * - out += layer(x) (the residual add in the same pass). */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
 
@@ -34,8 +48,26 @@ typedef enum sc_moe_backend {
     SC_MOE_BACKEND_SM90  /* wgmma, TMA, warp-specialized persistent kernels (sm_90a) */
 } sc_moe_backend;
 
+/* The expert activation: h = act(x W1^T) * (x W3^T) (gate g = x W1^T, up u = x W3^T). */
+typedef enum sc_moe_activation {
+    SC_MOE_SILU = 0,     /* h = g sigmoid(g) u  (SwiGLU) */
+    SC_MOE_GELU_TANH,    /* h = gelu_tanh(g) u  (GeGLU, tanh approximation) */
+    SC_MOE_SWIGLU_CLAMP  /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
+                            h = g sigmoid(alpha g) (u + 1) */
+} sc_moe_activation;
+
+/* The rows of W13 [E, 2I, H] (and of its bias [E, 2I]) within an expert. */
+typedef enum sc_moe_w13_layout {
+    SC_MOE_W13_STACKED = 0,  /* rows 0 .. I-1 gate (W1), I .. 2I-1 up (W3) */
+    SC_MOE_W13_INTERLEAVED   /* row 2i gate, row 2i + 1 up (gpt-oss) */
+} sc_moe_w13_layout;
+
+#define SC_MOE_MAX_EXPERTS 512
+#define SC_MOE_MAX_TOPK 16
+#define SC_MOE_MAX_SHARED 16 /* shared_intermediate / intermediate */
+
 typedef struct sc_moe_desc {
-    int experts;          /* E: 1 .. 256 */
+    int experts;          /* E: 1 .. 512 */
     int top_k;            /* k: 1 .. min(E, 16) */
     int hidden;           /* H: a multiple of 8 */
     int intermediate;     /* I: a multiple of 8 */
@@ -49,15 +81,45 @@ typedef struct sc_moe_desc {
     uint64_t max_tokens;  /* workspace hint (default 256); grown on demand */
     const char *label;
     sc_moe_backend backend;
+
+    /* ---- routing ---- */
+    int n_group, topk_group;  /* group-limited selection: E = n_group x group size (2 ..),
+                                 n_group 1 .. 32, topk_group 1 .. n_group, top_k <= topk_group
+                                 x group size; a group's score is the sum of its two best
+                                 selection scores (score + selection bias). 0, 0: none */
+    float routed_scaling;     /* the routed experts' weights are multiplied by it after the
+                                 renormalization (DeepSeek-V3 2.5, Kimi K2 2.827); 0 means 1 */
+    /* ---- experts ---- */
+    sc_moe_activation activation;
+    float swiglu_alpha, swiglu_limit; /* SC_MOE_SWIGLU_CLAMP's constants; 0 means gpt-oss's
+                                         1.702 and 7.0 (other activations: must be 0) */
+    sc_moe_w13_layout w13_layout;     /* of w13, w13_bias and shared_w13 */
+    /* ---- weights as views (instead of the whole buffers above: give one or the other) ----
+     * Each view is of the dtype and exact element count the whole buffer would have, and
+     * starts 16-byte aligned. */
+    sc_view router_view, w13_view, w2_view, selection_bias_view;
+    /* ---- optional biases (f32) of the routed experts ---- */
+    sc_view router_bias;  /* [E]: added to the router logits before scoring (gpt-oss) */
+    sc_view w13_bias;     /* [E, 2I] in w13_layout: added to gate and up before the activation */
+    sc_view w2_bias;      /* [E, H]: added to each expert's output before its weight */
+    /* ---- a shared expert: every token uses it, with weight 1 or sigmoid(x . shared_gate) ----
+     * An MLP of intermediate size shared_intermediate, a multiple of I (I_s = S I, S <= 16;
+     * computed as S experts of size I in the routed experts' GEMMs); no biases. 0: none. */
+    int shared_intermediate;
+    sc_view shared_w13;   /* [2 I_s, H] bf16 in w13_layout */
+    sc_view shared_w2;    /* [H, I_s] bf16 */
+    sc_view shared_gate;  /* optional [H] bf16: the shared expert's output is scaled by
+                             sigmoid(x . shared_gate) (Qwen3-Next) */
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
  * handles, so destroying a weight buffer makes later forwards fail with a stale handle).
  * Compiles the MoE kernels on first use (cached on disk). Statuses, besides those every
  * function may return (safecuda.h):
- *   SC_ERR_INVALID_ARGUMENT  a desc field out of range (experts, top_k, hidden,
- *                            intermediate, scoring, backend; the message names it), a
- *                            weight buffer of the wrong element count;
+ *   SC_ERR_INVALID_ARGUMENT  a desc field out of range or a combination the layer does not
+ *                            compute (the message names the field), a weight of the wrong
+ *                            element count, a view not 16-byte aligned, a weight given both
+ *                            as a buffer and as a view, or neither;
  *   SC_ERR_TYPE_MISMATCH     a weight buffer of another dtype than desc->dtype (the bias:
  *                            other than f32);
  *   SC_ERR_NOT_SUPPORTED     a dtype other than bf16, a device older than sm_80, or
@@ -90,20 +152,44 @@ typedef struct sc_moe_forward_desc {
     sc_view expert_ids;
     sc_view expert_weights;
     sc_moe_profile *profile;
+    /* The caller's routing instead of the layer's router: expert ids (i32 [T, k]) and their
+     * weights (f32 [T, k], used as given: no renormalization or routed scaling). An id < 0
+     * is a padded slot (no expert); an id >= E is an error: the slot is skipped (nothing is
+     * read or written out of bounds) and the first such id is recorded on the device and
+     * reported by the next forward with check_routing, or by sc_moe_routing_check. */
+    sc_view routing_ids, routing_weights;
+    bool check_routing; /* wait for the stream and report a bad id (SC_ERR_INVALID_ARGUMENT) */
+    bool accumulate;    /* out += layer(x) (rounded once to bf16) instead of out = layer(x) */
 } sc_moe_forward_desc;
 
-/* out [T, H] = MoE(x [T, H]) on stream; T = x's element count / H. Both views are bf16 and
+/* out [T, H] = MoE(x [T, H]) on stream (or out += with opts->accumulate); T = x's element
+ * count / H. Both views are bf16 and
  * start at a multiple of 8 elements (16 bytes); out must not overlap x. opts may be NULL.
  * Grows the workspace when T exceeds it (stream-ordered, no host synchronization).
  * Statuses: SC_ERR_TYPE_MISMATCH when x or out is not bf16, or an expert_ids /
  * expert_weights view is not i32 / f32; SC_ERR_INVALID_ARGUMENT when x is not T x H, out
  * differs from x in size, a view does not start 16-byte aligned, out overlaps x, or T is
  * too large for one forward; SC_ERR_OUT_OF_BOUNDS when an optional output view does not
- * hold T x k elements; SC_ERR_STALE_HANDLE when a weight buffer was destroyed;
+ * hold T x k elements, or routing_ids / routing_weights do not (they are i32 / f32, given
+ * together); SC_ERR_INVALID_ARGUMENT with check_routing when a routing id >= E was met
+ * (by this forward or an earlier unchecked one); SC_ERR_STALE_HANDLE when a weight buffer
+ * was destroyed;
  * SC_ERR_OUT_OF_MEMORY / SC_ERR_BUDGET_EXCEEDED when the workspace can't grow; the view
  * statuses of safecuda.h. Every check is made before anything is enqueued. */
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
+
+/* The routing alone: for x [T, H], the chosen experts (i32 [T, k]) and their weights (f32
+ * [T, k], renormalized and scaled as the forward uses them), in slot order, without running
+ * the experts: what sc_moe_forward takes back as opts->routing_ids / routing_weights. The
+ * statuses of sc_moe_forward for x, ids and weights. */
+SC_API sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids,
+                              sc_view weights);
+
+/* Wait for stream and report a routing id >= E met by an unchecked forward since the last
+ * report: SC_ERR_INVALID_ARGUMENT naming the token, slot and id (then forgotten); SC_OK when
+ * none. */
+SC_API sc_status sc_moe_routing_check(sc_stream stream, sc_moe layer);
 
 /* Make the layer's workspace large enough for forwards of up to max_tokens tokens now
  * (stream-ordered on stream), so that a forward inside a stream capture never has to grow

@@ -177,23 +177,30 @@ __device__ __forceinline__ bool find_tile(const int *tile_offsets, const int *ro
     return true;
 }
 
-// ---- router: logits[T, E] = x[T, H] * Wg[E, H]^T (fp32 out) ------------------------------
+// ---- router: logits[T, cols] = x[T, H] * [Wg; gate]^T (fp32 out) ---------------------------
+//
+// Columns 0 .. E - 1 are the routed experts' rows of Wg, column E (when cols = E + 1) the
+// shared expert's gate row. With E = 0 and cols = 1 it computes the gate's logits alone.
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int E, int H,
-                   int k_chunk)
+sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, float *logits, int T,
+                   int E, int cols, int H, int k_chunk)
 {
     griddep_enter();
     // Split K: block z sums H columns [z k_chunk, (z + 1) k_chunk) into its own slice of
-    // logits ([gridDim.z][T][E]); the top-k kernel adds the slices in order (deterministic).
+    // logits ([gridDim.z][T][cols]); the top-k kernel adds the slices in order
+    // (deterministic).
     extern __shared__ __align__(128) bf16_t smem[];
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int k0 = blockIdx.z * k_chunk, kn = min(k_chunk, H - k0);
-    float *out = logits + (long long)blockIdx.z * T * E;
+    float *out = logits + (long long)blockIdx.z * T * cols;
     Frag f;
     gemm_tile(f, smem, kn, x,
               [&](int r) -> const bf16_t * { return m0 + r < T ? x + (long long)(m0 + r) * H + k0 : nullptr; },
-              [&](int r) -> const bf16_t * { return n0 + r < E ? wg + (long long)(n0 + r) * H + k0 : nullptr; });
+              [&](int r) -> const bf16_t * {
+                  const int e = n0 + r;
+                  return e < E ? wg + (long long)e * H + k0 : e < cols ? gate + k0 : nullptr;
+              });
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
@@ -204,45 +211,60 @@ sc_moe_router_gemm(const bf16_t *x, const bf16_t *wg, float *logits, int T, int 
                 int row = m0 + wm * 64 + mi * 16 + (lane >> 2) + h * 8;
                 int col = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
                 if (row < T) {
-                    if (col < E)
-                        out[(long long)row * E + col] = f.acc[mi][ni][2 * h];
-                    if (col + 1 < E)
-                        out[(long long)row * E + col + 1] = f.acc[mi][ni][2 * h + 1];
+                    if (col < cols)
+                        out[(long long)row * cols + col] = f.acc[mi][ni][2 * h];
+                    if (col + 1 < cols)
+                        out[(long long)row * cols + col + 1] = f.acc[mi][ni][2 * h + 1];
                 }
             }
 }
 
 // ---- scoring and top-k: one warp per token ------------------------------------------------
 
-#define PER_LANE (SC_MOE_MAX_EXPERTS / 32)
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
 
-// One token's scores and choice, by one warp: ids and weights of its k slots written, each
-// chosen expert counted (counts may be global or shared memory). The logits are read
-// through L2 (__ldcg): in sc_moe_route_small another block of the same launch wrote them.
-__device__ __forceinline__ void topk_token(const float *row, long long split_stride, int splits,
-                                           const float *bias, int *ids, float *weights,
-                                           int *counts, int E, int k, int sigmoid,
-                                           int renormalize, int has_bias)
+// The logit of column c of a token's row: its K slices added in order (read through L2,
+// __ldcg: in sc_moe_route_small another block of the same launch wrote them).
+__device__ __forceinline__ float logit_at(const float *row, long long split_stride, int splits,
+                                          int c)
 {
-    const int lane = threadIdx.x & 31;
-    float score[PER_LANE], sel[PER_LANE];
+    float v = 0.f;
+    for (int z = 0; z < splits; z++)
+        v += __ldcg(row + z * split_stride + c);
+    return v;
+}
+
+// One token's scores and choice, by one warp (PL = experts per lane, E <= 32 PL): ids and
+// weights of its k routed slots written, each chosen expert counted (counts may be global or
+// shared memory, or null), and the shared expert's weight (sigmoid of the gate logit, or 1)
+// to *shared_w when it is not null.
+template <int PL>
+__device__ __forceinline__ void topk_token(const float *row, long long split_stride,
+                                           const float *sel_bias, const float *router_bias,
+                                           int *ids, float *weights, int *counts,
+                                           float *shared_w, const sc_moe_route_params &p)
+{
+    const int lane = threadIdx.x & 31, E = p.E, k = p.k;
+    float score[PL], sel[PL];
     float mx = NEG_INF;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
+    for (int i = 0; i < PL; i++) {
         int e = i * 32 + lane;
-        float v = 0.f;
-        if (e < E)
-            for (int z = 0; z < splits; z++) // the router's K slices, always in this order
-                v += __ldcg(row + z * split_stride + e);
-        score[i] = e < E ? v : NEG_INF;
-        mx = fmaxf(mx, score[i]);
+        float v = NEG_INF;
+        if (e < E) {
+            v = logit_at(row, split_stride, p.splits, e);
+            if (p.has_router_bias)
+                v += router_bias[e];
+        }
+        score[i] = v;
+        mx = fmaxf(mx, v);
     }
-    if (!sigmoid) {
+    if (!p.sigmoid) {
         for (int o = 16; o; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
+        for (int i = 0; i < PL; i++) {
             int e = i * 32 + lane;
             score[i] = e < E ? expf(score[i] - mx) : 0.f;
             sum += score[i];
@@ -250,17 +272,69 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
         for (int o = 16; o; o >>= 1)
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++)
+        for (int i = 0; i < PL; i++)
             score[i] /= sum;
     } else {
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++)
-            score[i] = 1.f / (1.f + expf(-score[i]));
+        for (int i = 0; i < PL; i++)
+            score[i] = sigmoidf_(score[i]);
     }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
+    for (int i = 0; i < PL; i++) {
         int e = i * 32 + lane;
-        sel[i] = e < E ? score[i] + (has_bias ? bias[e] : 0.f) : NEG_INF;
+        sel[i] = e < E ? score[i] + (p.has_sel_bias ? sel_bias[e] : 0.f) : NEG_INF;
+        if (sel[i] != sel[i]) // NaN (from a NaN or Inf in x): never chosen over a number
+            sel[i] = NEG_INF;
+    }
+    if (p.topk_group < p.n_group) {
+        // Group-limited: a group's score is the sum of its two best selection scores; the
+        // experts outside the topk_group best groups (ties: lower group) are out of the race.
+        const int G = E / p.n_group;
+        float mine = NEG_INF; // lane g: group g's score
+        for (int g = 0; g < p.n_group; g++) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                int e = i * 32 + lane;
+                if (e < E && e / G == g) {
+                    if (sel[i] > b1) {
+                        b2 = b1;
+                        b1 = sel[i];
+                    } else if (sel[i] > b2) {
+                        b2 = sel[i];
+                    }
+                }
+            }
+            for (int o = 16; o; o >>= 1) {
+                float o1 = __shfl_xor_sync(0xffffffffu, b1, o);
+                float o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+                float n2 = b1 >= o1 ? fmaxf(b2, o1) : fmaxf(b1, o2);
+                b1 = fmaxf(b1, o1);
+                b2 = n2;
+            }
+            if (lane == g)
+                mine = b1 + b2 == b1 + b2 ? b1 + b2 : NEG_INF;
+        }
+        unsigned keep = 0;
+        for (int j = 0; j < p.topk_group; j++) {
+            float best = lane < p.n_group && !((keep >> lane) & 1u) ? mine : NEG_INF;
+            int best_g = lane < p.n_group && !((keep >> lane) & 1u) ? lane : 0x7fffffff;
+            for (int o = 16; o; o >>= 1) {
+                float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                int og = __shfl_xor_sync(0xffffffffu, best_g, o);
+                if (ob > best || (ob == best && og < best_g)) {
+                    best = ob;
+                    best_g = og;
+                }
+            }
+            keep |= 1u << (best_g & 31);
+        }
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int e = i * 32 + lane;
+            if (e < E && !((keep >> (e / G)) & 1u))
+                sel[i] = NEG_INF;
+        }
     }
     float chosen_w[SC_MOE_MAX_TOPK];
     int chosen_e[SC_MOE_MAX_TOPK];
@@ -270,7 +344,7 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
         float best = NEG_INF, best_w = 0.f;
         int best_e = 0x7fffffff;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
+        for (int i = 0; i < PL; i++) {
             int e = i * 32 + lane;
             if (e < E && (sel[i] > best || (sel[i] == best && e < best_e))) {
                 best = sel[i];
@@ -292,39 +366,145 @@ __device__ __forceinline__ void topk_token(const float *row, long long split_str
         chosen_w[j] = best_w;
         total += best_w;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) // take it out of the race
+        for (int i = 0; i < PL; i++) // take it out of the race
             if (i * 32 + lane == best_e)
                 sel[i] = NEG_INF;
     }
     if (lane == 0) {
+        // Every choice is an expert (all -inf: the lowest index, chosen again); weights that
+        // all underflow to 0 stay 0 when renormalized.
         for (int j = 0; j < k; j++) {
-            ids[j] = chosen_e[j];
-            weights[j] = renormalize ? chosen_w[j] / total : chosen_w[j];
-            atomicAdd(&counts[chosen_e[j]], 1);
+            const int e = chosen_e[j] < E ? chosen_e[j] : 0;
+            ids[j] = e;
+            weights[j] = (p.renormalize ? (total > 0.f ? chosen_w[j] / total : 0.f)
+                                        : chosen_w[j]) *
+                         p.scale;
+            if (counts)
+                atomicAdd(&counts[e], 1);
         }
+        if (shared_w)
+            *shared_w = p.has_gate ? sigmoidf_(logit_at(row, split_stride, p.splits, E)) : 1.f;
     }
 }
 
-extern "C" __global__ void sc_moe_topk(const float *logits, const float *bias, int *ids,
-                                       float *weights, int *counts, int T, int E, int k,
-                                       int sigmoid, int renormalize, int has_bias, int splits)
+// topk_token with the fewest experts per lane that hold E.
+__device__ __forceinline__ void topk_any(const float *row, long long split_stride,
+                                         const float *sel_bias, const float *router_bias,
+                                         int *ids, float *weights, int *counts,
+                                         float *shared_w, const sc_moe_route_params &p)
+{
+    if (p.E <= 128)
+        topk_token<4>(row, split_stride, sel_bias, router_bias, ids, weights, counts, shared_w, p);
+    else if (p.E <= 256)
+        topk_token<8>(row, split_stride, sel_bias, router_bias, ids, weights, counts, shared_w, p);
+    else
+        topk_token<SC_MOE_MAX_EXPERTS / 32>(row, split_stride, sel_bias, router_bias, ids,
+                                            weights, counts, shared_w, p);
+}
+
+// ids, weights [T, k]; counts [E] (null: not counted); shared_w [T] (null: not written).
+extern "C" __global__ void sc_moe_topk(const float *logits, const float *sel_bias,
+                                       const float *router_bias, int *ids, float *weights,
+                                       int *counts, float *shared_w, sc_moe_route_params p)
 {
     griddep_enter();
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= T)
+    if (t >= p.T)
         return;
-    topk_token(logits + (long long)t * E, (long long)T * E, splits, bias,
-               ids + (long long)t * k, weights + (long long)t * k, counts, E, k, sigmoid,
-               renormalize, has_bias);
+    topk_any(logits + (long long)t * p.logit_cols, (long long)p.T * p.logit_cols, sel_bias,
+             router_bias, ids + (long long)t * p.k, weights + (long long)t * p.k, counts,
+             shared_w ? shared_w + t : nullptr, p);
+}
+
+// ---- the caller's routing: expert counts, bad ids recorded, the shared expert's weight ---
+//
+// One thread per token. ids < 0 are padded slots; ids >= E are skipped and the first is
+// recorded in fault[0 .. 3] = {bad ids seen, token, slot, id}. With a gate, its logits
+// (router GEMM with E = 0, cols = 1) give the shared weight.
+
+extern "C" __global__ void sc_moe_count_ids(const int *ids, const float *gate_logits, int *counts,
+                                            float *shared_w, unsigned *fault,
+                                            sc_moe_route_params p)
+{
+    griddep_enter();
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= p.T)
+        return;
+    for (int j = 0; j < p.k; j++) {
+        const int e = ids[(long long)t * p.k + j];
+        if (e >= p.E) {
+            if (atomicAdd(&fault[0], 1u) == 0u) {
+                fault[1] = (unsigned)t;
+                fault[2] = (unsigned)j;
+                fault[3] = (unsigned)e;
+            }
+        } else if (e >= 0) {
+            atomicAdd(&counts[e], 1);
+        }
+    }
+    if (p.shared)
+        shared_w[t] = p.has_gate ? sigmoidf_(logit_at(gate_logits + t, p.T, p.splits, 0)) : 1.f;
+}
+
+// ---- rows and tiles per group: one warp's exclusive scans ----------------------------------
+//
+// Group g < E has counts[g] rows, the shared chunks (g >= E) T each. Writes row_offsets and
+// tile_offsets [groups + 1] (and off[g], when not null, a copy of the row offsets).
+
+__device__ __forceinline__ void scan_groups(const int *counts, int E, int groups, int T,
+                                            int *row_offsets, int *tile_offsets, int *off)
+{
+    const int lane = threadIdx.x & 31;
+    int carry_r = 0, carry_t = 0;
+    for (int base = 0; base < groups; base += 32) {
+        const int g = base + lane;
+        const int rows = g < E ? counts[g] : g < groups ? T : 0, tiles = (rows + BM - 1) / BM;
+        int r = rows, t = tiles;
+        for (int o = 1; o < 32; o <<= 1) {
+            int ur = __shfl_up_sync(0xffffffffu, r, o), ut = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) {
+                r += ur;
+                t += ut;
+            }
+        }
+        if (g < groups) {
+            row_offsets[g] = carry_r + r - rows;
+            tile_offsets[g] = carry_t + t - tiles;
+            if (off)
+                off[g] = carry_r + r - rows;
+        }
+        carry_r += __shfl_sync(0xffffffffu, r, 31);
+        carry_t += __shfl_sync(0xffffffffu, t, 31);
+    }
+    if (lane == 0) {
+        row_offsets[groups] = carry_r;
+        tile_offsets[groups] = carry_t;
+    }
+}
+
+// The expert and weight of slot j of token t: routed slots from ids / weights (a bad or
+// padded id gives -1), shared slots k .. k + S - 1 the shared chunks with the shared weight.
+__device__ __forceinline__ int slot_expert(const int *ids, const float *weights,
+                                           const float *shared_w, int t, int j, int E, int k,
+                                           float *w)
+{
+    if (j < k) {
+        const int e = ids[(long long)t * k + j];
+        *w = weights[(long long)t * k + j];
+        return e >= 0 && e < E ? e : -1;
+    }
+    *w = shared_w[t];
+    return E + j - k;
 }
 
 // ---- routing for few tokens (decode): one launch -----------------------------------------
 //
 // For T <= SC_MOE_ROUTE_SMALL_MAX_T. Every block computes logits for SC_MOE_ROUTE_EXPERTS
-// experts (a warp each) and up to SC_MOE_ROUTE_TOKENS tokens; the last block to finish (a
-// ticket counter, reset by that block for the next launch) then does what the separate
-// kernels do for many tokens: scores and top-k, the counts, the row and tile offsets, the
-// permutation, and (gather != 0) x in expert order. Nothing needs zeroing beforehand.
+// columns (routed experts, then the shared gate) and up to SC_MOE_ROUTE_TOKENS tokens; the
+// last block to finish (a ticket counter, reset by that block for the next launch) then does
+// what the separate kernels do for many tokens: scores and top-k, the counts, the row and
+// tile offsets, the permutation, and (gather != 0) x in expert order. Nothing needs zeroing
+// beforehand.
 
 __device__ __forceinline__ float dot8(uint4 a, uint4 b)
 {
@@ -338,22 +518,21 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b)
     return s;
 }
 
-extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
-sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *logits,
-                   int *ids, float *weights, int *row_offsets, int *tile_offsets,
-                   int *perm_token, float *perm_weight, int *pos, bf16_t *x_perm,
-                   unsigned *ticket, int T, int E, int k, int H, int sigmoid, int renormalize,
-                   int has_bias, int gather)
+#define ROUTE_SLOTS (SC_MOE_MAX_TOPK + SC_MOE_MAX_SHARED)
+
+// Logits of EX columns from column e0 of [Wg; gate] (E rows of Wg, then the gate row) for
+// all T (<= SC_MOE_ROUTE_TOKENS) tokens, by one block of SC_MOE_ROUTE_THREADS: the warps
+// split H, each lane keeps EX x TOKENS partial sums; x and the weight rows are read with
+// unconditional 16-byte loads (rows past T repeat row T - 1, columns past the last repeat
+// it: ignored) so that every load of a step is in flight at once. Then lanes, then warps
+// are summed (in warp order). A column's value does not depend on EX or e0: the routing
+// (EX = SC_MOE_ROUTE_EXPERTS) and the caller routing's gate (EX = 1) get the same bits.
+template <int EX>
+__device__ __forceinline__ void small_logits(const bf16_t *x, const bf16_t *wg, const bf16_t *gate,
+                                             float *logits, int T, int E, int cols, int H, int e0)
 {
-    griddep_enter();
-    // Logits of SC_MOE_ROUTE_EXPERTS experts for all T (<= SC_MOE_ROUTE_TOKENS) tokens: the
-    // warps split H, each lane keeps EXPERTS x TOKENS partial sums; x and Wg are read with
-    // unconditional 16-byte loads (rows past T repeat row T - 1, ignored) so that every
-    // load of a step is in flight at once. Then lanes, then warps are summed.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int NW = SC_MOE_ROUTE_THREADS / 32, EX = SC_MOE_ROUTE_EXPERTS,
-                  TK = SC_MOE_ROUTE_TOKENS;
-    const int e0 = blockIdx.x * EX;
+    constexpr int NW = SC_MOE_ROUTE_THREADS / 32, TK = SC_MOE_ROUTE_TOKENS;
     __shared__ float partial[NW][EX * TK];
     {
         float acc[EX][TK];
@@ -369,8 +548,10 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
             xr[j] = reinterpret_cast<const uint4 *>(x + (long long)min(j, T - 1) * H);
         const uint4 *wr[EX];
 #pragma unroll
-        for (int a = 0; a < EX; a++)
-            wr[a] = reinterpret_cast<const uint4 *>(wg + (long long)min(e0 + a, E - 1) * H);
+        for (int a = 0; a < EX; a++) {
+            const int c = min(e0 + a, cols - 1);
+            wr[a] = reinterpret_cast<const uint4 *>(c < E ? wg + (long long)c * H : gate);
+        }
         for (int c = warp * 32 + lane; c < chunks; c += SC_MOE_ROUTE_THREADS) {
             uint4 wv[EX], xv[TK];
 #pragma unroll
@@ -402,9 +583,24 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
         float v = 0.f;
         for (int w = 0; w < NW; w++) // in warp order: deterministic
             v += partial[w][i];
-        if (e0 + a < E && j < T)
-            logits[(long long)j * E + e0 + a] = v;
+        if (e0 + a < cols && j < T)
+            logits[(long long)j * cols + e0 + a] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
+sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const float *sel_bias,
+                   const float *router_bias, float *logits, int *ids, float *weights,
+                   float *shared_w, int *row_offsets, int *tile_offsets, int *perm_token,
+                   float *perm_weight, int *pos, bf16_t *x_perm, unsigned *ticket, int H,
+                   int gather, sc_moe_route_params p)
+{
+    griddep_enter();
+    const int T = p.T, E = p.E, k = p.k, cols = p.logit_cols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int NW = SC_MOE_ROUTE_THREADS / 32;
+    small_logits<SC_MOE_ROUTE_EXPERTS>(x, wg, gate, logits, T, E, cols, H,
+                                       blockIdx.x * SC_MOE_ROUTE_EXPERTS);
 
     // The last block does the rest.
     __shared__ int last;
@@ -417,66 +613,40 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
         return;
     __threadfence();
 
-    __shared__ int counts[SC_MOE_MAX_EXPERTS], offs[SC_MOE_MAX_EXPERTS], cursor[SC_MOE_MAX_EXPERTS];
-    __shared__ int perm[SC_MOE_ROUTE_SMALL_MAX_T * SC_MOE_MAX_TOPK];
-    __shared__ int warp_rows[SC_MOE_ROUTE_THREADS / 32], warp_tiles[SC_MOE_ROUTE_THREADS / 32];
-    for (int i = threadIdx.x; i < SC_MOE_MAX_EXPERTS; i += blockDim.x) {
+    __shared__ int counts[SC_MOE_MAX_GROUPS], offs[SC_MOE_MAX_GROUPS], cursor[SC_MOE_MAX_GROUPS];
+    __shared__ int perm[SC_MOE_ROUTE_SMALL_MAX_T * ROUTE_SLOTS];
+    const int groups = E + p.shared;
+    for (int i = threadIdx.x; i < groups; i += blockDim.x) {
         counts[i] = 0;
         cursor[i] = 0;
     }
     __syncthreads();
-    for (int t = warp; t < T; t += SC_MOE_ROUTE_THREADS / 32)
-        topk_token(logits + (long long)t * E, 0, 1, bias, ids + (long long)t * k,
-                   weights + (long long)t * k, counts, E, k, sigmoid, renormalize, has_bias);
+    for (int t = warp; t < T; t += NW)
+        topk_any(logits + (long long)t * cols, 0, sel_bias, router_bias, ids + (long long)t * k,
+                 weights + (long long)t * k, counts, shared_w + t, p);
     __syncthreads();
-    // Exclusive scans of rows and BM-row tiles per expert (one thread per expert: the block
-    // has SC_MOE_ROUTE_THREADS >= SC_MOE_MAX_EXPERTS threads).
-    {
-        const int ee = threadIdx.x;
-        const int rows = ee < E ? counts[ee] : 0, tiles = (rows + BM - 1) / BM;
-        int r = rows, tt = tiles;
-        for (int o = 1; o < 32; o <<= 1) {
-            int ur = __shfl_up_sync(0xffffffffu, r, o), ut = __shfl_up_sync(0xffffffffu, tt, o);
-            if (lane >= o) {
-                r += ur;
-                tt += ut;
-            }
-        }
-        if (lane == 31) {
-            warp_rows[warp] = r;
-            warp_tiles[warp] = tt;
-        }
-        __syncthreads();
-        int br = 0, bt = 0;
-        for (int i = 0; i < warp; i++) {
-            br += warp_rows[i];
-            bt += warp_tiles[i];
-        }
-        if (ee < E) {
-            offs[ee] = br + r - rows;
-            row_offsets[ee] = br + r - rows;
-            tile_offsets[ee] = bt + tt - tiles;
-        }
-        if (ee == E - 1) {
-            row_offsets[E] = br + r;
-            tile_offsets[E] = bt + tt;
-        }
-    }
+    if (warp == 0)
+        scan_groups(counts, E, groups, T, row_offsets, tile_offsets, offs);
     __syncthreads();
-    const int n = T * k;
+    const int slots = k + p.shared, n = T * slots;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int ex = ids[i];
-        const int p = offs[ex] + atomicAdd(&cursor[ex], 1);
-        perm[p] = i / k;
-        perm_token[p] = i / k;
-        perm_weight[p] = weights[i];
-        pos[i] = p;
+        float w;
+        const int t = i / slots, ex = slot_expert(ids, weights, shared_w, t, i % slots, E, k, &w);
+        if (ex < 0) { // (top-k writes experts only: a backstop)
+            pos[i] = -1;
+            continue;
+        }
+        const int q = offs[ex] + atomicAdd(&cursor[ex], 1);
+        perm[q] = t;
+        perm_token[q] = t;
+        perm_weight[q] = w;
+        pos[i] = q;
     }
     __syncthreads();
     if (gather)
-        for (int p = warp; p < n; p += SC_MOE_ROUTE_THREADS / 32) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[p] * H);
-            uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)p * H);
+        for (int q = warp; q < row_offsets[groups]; q += NW) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[q] * H);
+            uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
             for (int c = lane; c < H / 8; c += 32)
                 dst[c] = src[c];
         }
@@ -484,124 +654,147 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const float *bias, float *
         *ticket = 0u;
 }
 
-// x in expert order, one warp per row: x_perm[p] = x[perm_token[p]].
-extern "C" __global__ void sc_moe_gather(const int *perm_token, const bf16_t *x, bf16_t *x_perm,
-                                         int rows, int H)
+// The shared gate's logits for the caller's routing of few tokens (T <= SC_MOE_ROUTE_SMALL_MAX_T,
+// one block): logits[t] = x[t] . gate, the same bits as sc_moe_route_small's gate column.
+extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
+sc_moe_gate_small(const bf16_t *x, const bf16_t *gate, float *logits, int T, int H)
 {
     griddep_enter();
-    const long long p = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    small_logits<1>(x, gate, gate, logits, T, 0, 1, H, 0);
+}
+
+// x in expert order, one warp per row: x_perm[p] = x[perm_token[p]] (rows: a bound; the
+// rows past row_offsets[groups] are not real and are skipped).
+extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_offsets,
+                                         const bf16_t *x, bf16_t *x_perm, int rows, int groups,
+                                         int H)
+{
+    griddep_enter();
+    const long long q = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (p >= rows)
+    if (q >= rows || q >= row_offsets[groups])
         return;
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm_token[p] * H);
-    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + p * H);
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm_token[q] * H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + q * H);
     for (int c = lane; c < H / 8; c += 32)
         dst[c] = src[c];
 }
 
-// ---- offsets: rows and tiles per expert (one block of SC_MOE_MAX_EXPERTS threads) --------
+// ---- offsets: rows and tiles per group (one block) ---------------------------------------
 //
-// An exclusive scan of the counts (rows) and of the BM-row tiles per expert, by warps and
-// then over the warp totals; the cursors of the scatter are reset.
+// Exclusive scans of the rows (counts; the shared chunks T each) and of the BM-row tiles
+// per group: the counts loaded into shared memory by the whole block at once, then scanned
+// by warp 0; the cursors of the scatter are reset.
 
 extern "C" __global__ void sc_moe_offsets(const int *counts, int *row_offsets, int *tile_offsets,
-                                          int *cursor, int E)
+                                          int *cursor, int E, int groups, int T)
 {
     griddep_enter();
-    __shared__ int warp_rows[SC_MOE_MAX_EXPERTS / 32], warp_tiles[SC_MOE_MAX_EXPERTS / 32];
-    const int e = threadIdx.x, lane = e & 31, w = e >> 5;
-    const int rows = e < E ? counts[e] : 0, tiles = (rows + BM - 1) / BM;
-    int r = rows, t = tiles;
-    for (int o = 1; o < 32; o <<= 1) {
-        int ur = __shfl_up_sync(0xffffffffu, r, o), ut = __shfl_up_sync(0xffffffffu, t, o);
-        if (lane >= o) {
-            r += ur;
-            t += ut;
-        }
-    }
-    if (lane == 31) {
-        warp_rows[w] = r;
-        warp_tiles[w] = t;
-    }
+    __shared__ int c[SC_MOE_MAX_GROUPS];
+    for (int g = threadIdx.x; g < E; g += blockDim.x)
+        c[g] = counts[g];
     __syncthreads();
-    int base_r = 0, base_t = 0;
-    for (int i = 0; i < w; i++) {
-        base_r += warp_rows[i];
-        base_t += warp_tiles[i];
-    }
-    if (e < E) {
-        row_offsets[e] = base_r + r - rows;
-        tile_offsets[e] = base_t + t - tiles;
-        cursor[e] = 0;
-    }
-    if (e == E - 1) {
-        row_offsets[E] = base_r + r;
-        tile_offsets[E] = base_t + t;
-    }
+    if (threadIdx.x < 32)
+        scan_groups(c, E, groups, T, row_offsets, tile_offsets, nullptr);
+    for (int g = threadIdx.x; g < groups; g += blockDim.x)
+        cursor[g] = 0;
 }
 
 // ---- the permutation: expert-major rows --------------------------------------------------
+//
+// Slot i = t (k + S) + j: pos[i] = its row, or -1 for a padded (or bad) routed slot.
 
 extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
-                                          const int *row_offsets, int *cursor, int *perm_token,
-                                          float *perm_weight, int *pos, int T, int k)
+                                          const float *shared_w, const int *row_offsets,
+                                          int *cursor, int *perm_token, float *perm_weight,
+                                          int *pos, int T, int E, int k, int shared)
 {
     griddep_enter();
+    const int slots = k + shared;
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= (long long)T * k)
+    if (i >= (long long)T * slots)
         return;
-    int e = ids[i];
-    int p = row_offsets[e] + atomicAdd(&cursor[e], 1);
-    perm_token[p] = (int)(i / k);
-    perm_weight[p] = weights[i];
-    pos[i] = p;
+    const int t = (int)(i / slots);
+    float w;
+    const int e = slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, &w);
+    if (e < 0) {
+        pos[i] = -1;
+        return;
+    }
+    int q = row_offsets[e] + atomicAdd(&cursor[e], 1);
+    perm_token[q] = t;
+    perm_weight[q] = w;
+    pos[i] = q;
 }
 
-// The same, one warp per (token, slot), that also copies the token's row of x to row p of
-// x_perm (for GEMMs that read A through the copy engine, which cannot gather rows).
+// The same, one warp per slot, that also copies the token's row of x to row q of x_perm
+// (for GEMMs that read A through the copy engine, which cannot gather rows).
 extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *weights,
-                                                 const int *row_offsets, int *cursor,
-                                                 int *perm_token, float *perm_weight, int *pos,
-                                                 const bf16_t *x, bf16_t *x_perm, int T, int k,
-                                                 int H)
+                                                 const float *shared_w, const int *row_offsets,
+                                                 int *cursor, int *perm_token, float *perm_weight,
+                                                 int *pos, const bf16_t *x, bf16_t *x_perm, int T,
+                                                 int E, int k, int shared, int H)
 {
     griddep_enter();
+    const int slots = k + shared;
     const long long i = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (i >= (long long)T * k)
+    if (i >= (long long)T * slots)
         return;
-    const int e = ids[i];
-    int p = 0;
-    if (lane == 0) {
-        p = row_offsets[e] + atomicAdd(&cursor[e], 1);
-        perm_token[p] = (int)(i / k);
-        perm_weight[p] = weights[i];
-        pos[i] = p;
+    const int t = (int)(i / slots);
+    float w;
+    const int e = slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, &w);
+    if (e < 0) {
+        if (lane == 0)
+            pos[i] = -1;
+        return;
     }
-    p = __shfl_sync(0xffffffffu, p, 0);
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + (i / k) * (long long)H);
-    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)p * H);
+    int q = 0;
+    if (lane == 0) {
+        q = row_offsets[e] + atomicAdd(&cursor[e], 1);
+        perm_token[q] = t;
+        perm_weight[q] = w;
+        pos[i] = q;
+    }
+    q = __shfl_sync(0xffffffffu, q, 0);
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
     for (int c = lane; c < H / 8; c += 32)
         dst[c] = src[c];
 }
 
-// ---- W13: h[p, :] = silu(x[tok(p)] W1[e]^T) * (x[tok(p)] W3[e]^T) ------------------------
+// ---- W13: h[p, :] = act(x[tok(p)] W_gate[e]^T + b, x[tok(p)] W_up[e]^T + b) --------------
 //
-// W13[e] is [2I, H]: rows 0..I-1 are W1 (gate), I..2I-1 are W3 (up). A tile holds BN/2
-// output columns; its B rows are arranged so that each warp's 32 rows are 16 gate rows
-// followed by the 16 up rows of the same columns, and the SwiGLU happens in registers.
+// A tile holds BN/2 output columns; its B rows are arranged so that each warp's 32 rows are
+// 16 gate rows followed by the 16 up rows of the same columns, and the activation happens in
+// registers. Routed expert e's rows come from W13[e] [2I, H] (stacked or interleaved),
+// shared chunk s = e - E's from the shared W13 [2 S I, H] (the same layout over S I rows).
+
+__device__ __forceinline__ const bf16_t *w13_row(const bf16_t *w13, const bf16_t *sw13,
+                                                 const sc_moe_expert_params &q, int e, int col,
+                                                 int up)
+{
+    const int I = q.I, H = q.H;
+    if (e < q.E) {
+        const long long r = q.interleaved ? 2 * col + up : up * I + col;
+        return w13 + ((long long)e * 2 * I + r) * H;
+    }
+    const long long Is = (long long)(q.groups - q.E) * I, c = (long long)(e - q.E) * I + col;
+    return sw13 + (q.interleaved ? 2 * c + up : up * Is + c) * H;
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-sc_moe_gemm_w13(const bf16_t *x, const int *perm_token, const bf16_t *w13, bf16_t *h,
-                const int *tile_offsets, const int *row_offsets, int E, int I, int H)
+sc_moe_gemm_w13(const bf16_t *x, const int *perm_token, const bf16_t *w13, const bf16_t *sw13,
+                const float *b13, bf16_t *h, const int *tile_offsets, const int *row_offsets,
+                sc_moe_expert_params q)
 {
     griddep_enter();
     extern __shared__ __align__(128) bf16_t smem[];
     int e, row0, row_end;
-    if (!find_tile(tile_offsets, row_offsets, E, &e, &row0, &row_end))
+    if (!find_tile(tile_offsets, row_offsets, q.groups, &e, &row0, &row_end))
         return;
+    const int I = q.I, H = q.H;
     const int c0 = blockIdx.y * (BN / 2);
-    const bf16_t *w = w13 + (long long)e * 2 * I * H;
     Frag f;
     gemm_tile(f, smem, H, x,
               [&](int r) -> const bf16_t * {
@@ -611,9 +804,9 @@ sc_moe_gemm_w13(const bf16_t *x, const int *perm_token, const bf16_t *w13, bf16_
               [&](int r) -> const bf16_t * {
                   int warp_cols = r >> 5, within = r & 31;
                   int col = c0 + warp_cols * 16 + (within & 15);
-                  int wrow = (within >> 4) ? I + col : col;
-                  return col < I ? w + (long long)wrow * H : nullptr;
+                  return col < I ? w13_row(w13, sw13, q, e, col, within >> 4) : nullptr;
               });
+    const bool bias = q.has_bias && e < q.E;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
@@ -626,25 +819,35 @@ sc_moe_gemm_w13(const bf16_t *x, const int *perm_token, const bf16_t *w13, bf16_
                 if (p < row_end && col < I) {
                     float g0 = f.acc[mi][ni][2 * hh], g1 = f.acc[mi][ni][2 * hh + 1];
                     float u0 = f.acc[mi][ni + 2][2 * hh], u1 = f.acc[mi][ni + 2][2 * hh + 1];
-                    float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
+                    if (bias) {
+                        float2 b0 = moe_b13(b13, e, col, I, q.interleaved);
+                        float2 b1 = moe_b13(b13, e, col + 1, I, q.interleaved);
+                        g0 += b0.x, u0 += b0.y, g1 += b1.x, u1 += b1.y;
+                    }
+                    float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
+                    float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
                     *reinterpret_cast<unsigned *>(h + (long long)p * I + col) = pack_bf16x2(h0, h1);
                 }
             }
 }
 
-// ---- W2: y[p, :] = weight(p) * h[p] W2[e]^T ----------------------------------------------
+// ---- W2: y[p, :] = weight(p) * (h[p] W2[e]^T + b2[e]) ------------------------------------
+//
+// Shared chunk s = e - E reads columns s I .. s I + I - 1 of the shared W2 [H, S I].
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const float *perm_weight, bf16_t *y,
-               const int *tile_offsets, const int *row_offsets, int E, int H, int I)
+sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const bf16_t *sw2, const float *b2,
+               const float *perm_weight, bf16_t *y, const int *tile_offsets,
+               const int *row_offsets, sc_moe_expert_params q)
 {
     griddep_enter();
     extern __shared__ __align__(128) bf16_t smem[];
     int e, row0, row_end;
-    if (!find_tile(tile_offsets, row_offsets, E, &e, &row0, &row_end))
+    if (!find_tile(tile_offsets, row_offsets, q.groups, &e, &row0, &row_end))
         return;
+    const int I = q.I, H = q.H;
     const int n0 = blockIdx.y * BN;
-    const bf16_t *w = w2 + (long long)e * H * I;
+    const long long Is = (long long)(q.groups - q.E) * I;
     Frag f;
     gemm_tile(f, smem, I, h,
               [&](int r) -> const bf16_t * {
@@ -652,8 +855,12 @@ sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const float *perm_weight, bf16
                   return p < row_end ? h + (long long)p * I : nullptr;
               },
               [&](int r) -> const bf16_t * {
-                  return n0 + r < H ? w + (long long)(n0 + r) * I : nullptr;
+                  if (n0 + r >= H)
+                      return nullptr;
+                  return e < q.E ? w2 + ((long long)e * H + n0 + r) * I
+                                 : sw2 + (long long)(n0 + r) * Is + (long long)(e - q.E) * I;
               });
+    const bool bias = q.has_bias && e < q.E;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
@@ -666,28 +873,46 @@ sc_moe_gemm_w2(const bf16_t *h, const bf16_t *w2, const float *perm_weight, bf16
 #pragma unroll
             for (int ni = 0; ni < 4; ni++) {
                 int col = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
-                if (col < H)
+                if (col < H) {
+                    float a0 = f.acc[mi][ni][2 * hh], a1 = f.acc[mi][ni][2 * hh + 1];
+                    if (bias) {
+                        a0 += b2[(long long)e * H + col];
+                        a1 += b2[(long long)e * H + col + 1];
+                    }
                     *reinterpret_cast<unsigned *>(y + (long long)p * H + col) =
-                        pack_bf16x2(f.acc[mi][ni][2 * hh] * s, f.acc[mi][ni][2 * hh + 1] * s);
+                        pack_bf16x2(a0 * s, a1 * s);
+                }
             }
         }
 }
 
-// ---- combine: out[t] = sum over slots j (in order) of y[pos[t, j]] -----------------------
+// ---- combine: out[t] (+)= sum over slots j (in order) of y[pos[t, j]] --------------------
 
 extern "C" __global__ void sc_moe_combine(const bf16_t *y, const int *pos, bf16_t *out, int T,
-                                          int k, int H)
+                                          int slots, int H, int accumulate)
 {
     griddep_enter();
     const int t = blockIdx.x;
     if (t >= T)
         return;
-    int rows[SC_MOE_MAX_TOPK];
-    for (int j = 0; j < k; j++)
-        rows[j] = pos[(long long)t * k + j];
+    int rows[ROUTE_SLOTS];
+    for (int j = 0; j < slots; j++)
+        rows[j] = pos[(long long)t * slots + j];
     for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int j = 0; j < k; j++) {
+        uint4 *o = reinterpret_cast<uint4 *>(out + (long long)t * H + c * 8);
+        if (accumulate) {
+            uint4 v = *o;
+            unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                acc[2 * q] = __uint_as_float(u[q] << 16);
+                acc[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
+            }
+        }
+        for (int j = 0; j < slots; j++) {
+            if (rows[j] < 0)
+                continue;
             uint4 v = *reinterpret_cast<const uint4 *>(y + (long long)rows[j] * H + c * 8);
             unsigned u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -696,11 +921,11 @@ extern "C" __global__ void sc_moe_combine(const bf16_t *y, const int *pos, bf16_
                 acc[2 * q + 1] += __uint_as_float(u[q] & 0xffff0000u);
             }
         }
-        uint4 o;
-        o.x = pack_bf16x2(acc[0], acc[1]);
-        o.y = pack_bf16x2(acc[2], acc[3]);
-        o.z = pack_bf16x2(acc[4], acc[5]);
-        o.w = pack_bf16x2(acc[6], acc[7]);
-        *reinterpret_cast<uint4 *>(out + (long long)t * H + c * 8) = o;
+        uint4 r;
+        r.x = pack_bf16x2(acc[0], acc[1]);
+        r.y = pack_bf16x2(acc[2], acc[3]);
+        r.z = pack_bf16x2(acc[4], acc[5]);
+        r.w = pack_bf16x2(acc[6], acc[7]);
+        *o = r;
     }
 }

@@ -14,7 +14,9 @@
 #define SC_MOE_THREADS 256 /* 8 warps: 2 along M x 4 along N */
 #define SC_MOE_SMEM_BYTES (SC_MOE_STAGES * (SC_MOE_BM + SC_MOE_BN) * SC_MOE_BK * 2)
 
-#define SC_MOE_MAX_EXPERTS 256 /* the top-k kernel keeps a token's scores in one warp */
+#define SC_MOE_MAX_EXPERTS 512 /* routed experts (as include/safecuda/moe.h says) */
+#define SC_MOE_MAX_SHARED 16  /* shared-expert chunks of size I */
+#define SC_MOE_MAX_GROUPS (SC_MOE_MAX_EXPERTS + SC_MOE_MAX_SHARED) /* experts in the GEMMs */
 #define SC_MOE_MAX_TOPK 16
 #define SC_MOE_ALIGN 8         /* H and I must be multiples of this (16-byte rows) */
 
@@ -38,8 +40,8 @@
 #define SC_MOE_ROUTER_MAX_SPLIT 16
 #define SC_MOE_ROUTER_MIN_K 256
 #define SC_MOE_ROUTER_SPLIT_MAX_T 2048
-#if SC_MOE_ROUTE_THREADS < SC_MOE_MAX_EXPERTS || SC_MOE_ROUTE_TOKENS < SC_MOE_ROUTE_SMALL_MAX_T
-#error "sc_moe_route_small scans the experts with one thread each"
+#if SC_MOE_ROUTE_TOKENS < SC_MOE_ROUTE_SMALL_MAX_T
+#error "sc_moe_route_small computes the logits of all its tokens in one pass"
 #endif
 
 /* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
@@ -75,7 +77,29 @@
  * and tile offsets. */
 #define SC_MOE_SM90_SMEM(CONS, BN, STAGES)                                                \
     (1024 + (STAGES) * ((CONS) * 64 * 128 + (BN) * 128) + 2 * (STAGES) * 8 +              \
-     2 * (SC_MOE_MAX_EXPERTS + 1) * 4)
+     2 * (SC_MOE_MAX_GROUPS + 1) * 4)
 #define SC_MOE_COMBINE_THREADS 256
+
+/* The routing's parameters: one kernel argument (by value) of the routing kernels. */
+typedef struct sc_moe_route_params {
+    int T, E, k;       /* tokens, routed experts, routed slots per token */
+    int shared;        /* S: shared-expert chunks, slots k .. k + S - 1 of every token */
+    int logit_cols;    /* columns of the logits: E, or E + 1 with a shared gate (column E) */
+    int splits;        /* the router's K slices to add */
+    int sigmoid, renormalize, has_sel_bias, has_router_bias, has_gate;
+    int n_group, topk_group; /* group-limited selection when topk_group < n_group */
+    float scale;       /* routed scaling */
+} sc_moe_route_params;
+
+/* The expert GEMMs' parameters (by value). Groups 0 .. E - 1 are the routed experts,
+ * E .. groups - 1 the shared expert's chunks of I columns. */
+typedef struct sc_moe_expert_params {
+    int E, groups, H, I;
+    int group_m;       /* SM90: M tiles that share each N tile */
+    int interleaved;   /* W13 rows gate, up, gate, ... (else all gate rows, then all up) */
+    int act;           /* sc_moe_activation */
+    float alpha, limit;
+    int has_bias;      /* the routed experts' W13 and W2 biases */
+} sc_moe_expert_params;
 
 #endif

@@ -54,4 +54,26 @@ __device__ __forceinline__ int group_of_tile(const int *tile_off, int groups, in
     return lo;
 }
 
+// The expert activation of gate g and up u (sc_moe_activation: 0 SiLU-GLU, 1 GeLU(tanh)-GLU,
+// 2 gpt-oss's clamped SwiGLU with alpha and limit).
+__device__ __forceinline__ float moe_act(float g, float u, int act, float alpha, float limit)
+{
+    if (act == 0)
+        return g / (1.f + __expf(-g)) * u;
+    if (act == 1) {
+        const float c = 0.7978845608028654f; // sqrt(2 / pi)
+        return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
+    }
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return g / (1.f + __expf(-alpha * g)) * (u + 1.f);
+}
+
+// W13 bias of expert e, feature col: (gate, up) in the stacked or interleaved row layout.
+__device__ __forceinline__ float2 moe_b13(const float *b13, int e, int col, int I, int interleaved)
+{
+    const float *b = b13 + (long long)e * 2 * I;
+    return interleaved ? make_float2(b[2 * col], b[2 * col + 1]) : make_float2(b[col], b[I + col]);
+}
+
 #endif

@@ -199,11 +199,14 @@ __device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, int gr
 
 // ---- the kernel body -------------------------------------------------------------------------
 //
-// MODE_W13: A = x in expert order [R, H], B = W13 [E * 2I, H]; a tile's B rows are BN/2 gate
-//           rows (W1) then the BN/2 up rows (W3) of the same columns; out = h [R, I] with
-//           h = silu(gate) * up, BN/2 columns per tile.
-// MODE_W2:  A = h [R, I], B = W2 [E * H, I]; out = y [R, H] = weight(row) * (h W2^T), BN
-//           columns per tile.
+// MODE_W13: A = x in expert order [R, H]; B = the gate and up rows of W13 through two maps
+//           (g_map, u_map: row r of each is expert r / rows_per_expert's gate / up row), and
+//           of the shared W13 through sg_map, su_map (chunk s's rows at s I); a tile's B
+//           rows are BN/2 gate rows then the BN/2 up rows of the same columns; out = h [R, I]
+//           with h = act(gate + bias, up + bias), BN/2 columns per tile.
+// MODE_W2:  A = h [R, I]; B = W2 [E * H, I] through g_map, the shared W2 [H, S I] through
+//           sg_map (chunk s at column s I); out = y [R, H] = weight(row) * (h W2^T + bias),
+//           BN columns per tile.
 enum { MODE_W13 = 0, MODE_W2 = 1 };
 
 template <int CONS, int BN, int STAGES> struct cfg {
@@ -216,13 +219,17 @@ template <int CONS, int BN, int STAGES> struct cfg {
 };
 
 template <int MODE, int CONS, int BN, int STAGES, int A_BOX>
-__device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *b_map,
-                                             bf16_t *out, const float *row_weight,
-                                             const int *row_offsets, int E, int N, int K,
-                                             int b_rows_per_expert, int group_m)
+__device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *g_map,
+                                             const tmap_t *u_map, const tmap_t *sg_map,
+                                             const tmap_t *su_map, bf16_t *out,
+                                             const float *row_weight, const float *bias,
+                                             const int *row_offsets,
+                                             const sc_moe_expert_params &q, int N, int K,
+                                             int b_rows_per_expert)
 {
     typedef cfg<CONS, BN, STAGES> C;
     constexpr int BM = C::BM;
+    const int E = q.E, groups = q.groups, group_m = q.group_m;
     extern __shared__ unsigned char smem_raw[];
     // The ring, 1024-byte aligned for the 128-byte swizzle.
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -231,45 +238,32 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     const unsigned full_bar = ring + STAGES * C::STAGE_BYTES;
     const unsigned empty_bar = full_bar + STAGES * 8;
     int *tile_off = reinterpret_cast<int *>(base_ptr + STAGES * C::STAGE_BYTES + 2 * STAGES * 8);
-    int *row_off = tile_off + SC_MOE_MAX_EXPERTS + 1;
+    int *row_off = tile_off + SC_MOE_MAX_GROUPS + 1;
 
     const int tid = threadIdx.x;
     griddep_enter(); // (a programmatic launch: see moe_device.cuh)
-    // The offsets: rows per expert from row_offsets, M tiles per expert scanned (one warp
-    // per 32 experts, then a scan of the warp totals by warp 0).
-    __shared__ int warp_sums[SC_MOE_MAX_EXPERTS / 32];
-    for (int e = tid; e <= E; e += C::THREADS)
-        row_off[e] = row_offsets[e];
+    // The offsets: rows per group from row_offsets, M tiles per group scanned by warp 0.
+    for (int g = tid; g <= groups; g += C::THREADS)
+        row_off[g] = row_offsets[g];
     __syncthreads();
-    {
-        const int lane = tid & 31, w = tid >> 5;
-        int v = 0;
-        if (tid < E)
-            v = (row_off[tid + 1] - row_off[tid] + BM - 1) / BM;
-        int incl = v;
-        for (int o = 1; o < 32; o <<= 1) {
-            int u = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o)
-                incl += u;
-        }
-        if (lane == 31 && w < SC_MOE_MAX_EXPERTS / 32)
-            warp_sums[w] = incl;
-        __syncthreads();
-        if (w == 0) {
-            int s = lane < SC_MOE_MAX_EXPERTS / 32 && lane * 32 < E ? warp_sums[lane] : 0;
+    if (tid < 32) {
+        const int lane = tid;
+        int carry = 0;
+        for (int b = 0; b < groups; b += 32) {
+            const int g = b + lane;
+            const int v = g < groups ? (row_off[g + 1] - row_off[g] + BM - 1) / BM : 0;
+            int incl = v;
             for (int o = 1; o < 32; o <<= 1) {
-                int u = __shfl_up_sync(0xffffffffu, s, o);
+                int u = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o)
-                    s += u;
+                    incl += u;
             }
-            if (lane < SC_MOE_MAX_EXPERTS / 32)
-                warp_sums[lane] = s; // inclusive over warps
+            if (g < groups)
+                tile_off[g] = carry + incl - v;
+            carry += __shfl_sync(0xffffffffu, incl, 31);
         }
-        __syncthreads();
-        if (tid < E)
-            tile_off[tid] = incl - v + (w > 0 ? warp_sums[w - 1] : 0);
-        if (tid == 0)
-            tile_off[E] = warp_sums[(E - 1) >> 5];
+        if (lane == 0)
+            tile_off[groups] = carry;
     }
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -281,7 +275,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     }
     __syncthreads();
 
-    const int m_total = tile_off[E];
+    const int m_total = tile_off[groups];
     const int n_tiles = MODE == MODE_W13 ? (N + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
     const int k_tiles = (K + 63) / 64;
     const int wg = tid >> 7;
@@ -292,13 +286,26 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             tma_prefetch_map(a_map);
-            tma_prefetch_map(b_map);
+            tma_prefetch_map(g_map);
+            if (MODE == MODE_W13)
+                tma_prefetch_map(u_map);
+            if (groups > E) {
+                tma_prefetch_map(sg_map);
+                if (MODE == MODE_W13)
+                    tma_prefetch_map(su_map);
+            }
             int it = 0;
             tile_t tl;
-            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, E, tl);
+            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
                  t += gridDim.x) {
-                const int b_row = tl.e * b_rows_per_expert +
-                                  (MODE == MODE_W13 ? tl.n * (BN / 2) : tl.n * BN);
+                const bool routed = tl.e < E;
+                // B's row and column of this tile (the shared W2 chunk: its columns).
+                const int b_row = MODE == MODE_W13
+                                      ? (routed ? tl.e * b_rows_per_expert : (tl.e - E) * q.I) +
+                                            tl.n * (BN / 2)
+                                      : (routed ? tl.e * b_rows_per_expert : 0) + tl.n * BN;
+                const int b_col = MODE == MODE_W2 && !routed ? (tl.e - E) * q.I : 0;
+                const tmap_t *gm = routed ? g_map : sg_map, *um = routed ? u_map : su_map;
                 for (int kt = 0; kt < k_tiles; kt++, it++) {
                     const int s = it % STAGES;
                     const unsigned ph = (unsigned)(it / STAGES) & 1u;
@@ -313,10 +320,10 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                     for (int i = 0; i < a_boxes; i++)
                         tma_load_2d(sa + i * A_BOX * 128, a_map, kt * 64, tl.row0 + i * A_BOX, fb);
                     if (MODE == MODE_W13) {
-                        tma_load_2d(sb, b_map, kt * 64, b_row, fb);
-                        tma_load_2d(sb + (BN / 2) * 128, b_map, kt * 64, b_row + N, fb);
+                        tma_load_2d(sb, gm, kt * 64, b_row, fb);
+                        tma_load_2d(sb + (BN / 2) * 128, um, kt * 64, b_row, fb);
                     } else {
-                        tma_load_2d(sb, b_map, kt * 64, b_row, fb);
+                        tma_load_2d(sb, gm, b_col + kt * 64, b_row, fb);
                     }
                 }
             }
@@ -333,7 +340,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
             acc[i] = 0.f;
         int it = 0;
         tile_t tl;
-        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, E, tl);
+        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
              t += gridDim.x) {
             int prev = -1;
             for (int kt = 0; kt < k_tiles; kt++, it++) {
@@ -361,11 +368,17 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
             // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for odd q).
             const int r0 = tl.row0 + c * 64 + warp * 16 + (lane >> 2);
             const int cl = 2 * (lane & 3);
+            const bool has_bias = q.has_bias && tl.e < E;
             if (MODE == MODE_W13) {
                 const int col0 = tl.n * (BN / 2);
 #pragma unroll
                 for (int f = 0; f < BN / 16; f++) {
                     const int col = col0 + f * 8 + cl;
+                    float2 bb0 = make_float2(0.f, 0.f), bb1 = bb0;
+                    if (has_bias && col < N) {
+                        bb0 = moe_b13(bias, tl.e, col, N, q.interleaved);
+                        bb1 = moe_b13(bias, tl.e, col + 1, N, q.interleaved);
+                    }
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int row = r0 + 8 * h;
@@ -373,8 +386,12 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                             float g0 = acc[f * 4 + 2 * h], g1 = acc[f * 4 + 2 * h + 1];
                             float u0 = acc[(f + BN / 16) * 4 + 2 * h];
                             float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1];
-                            float h0 = g0 / (1.f + __expf(-g0)) * u0;
-                            float h1 = g1 / (1.f + __expf(-g1)) * u1;
+                            if (has_bias) {
+                                g0 += bb0.x, g1 += bb1.x;
+                                u0 += bb0.y, u1 += bb1.y;
+                            }
+                            float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
+                            float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
                             *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
                                 pack_bf16x2(h0, h1);
                         }
@@ -391,9 +408,15 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
 #pragma unroll
                     for (int f = 0; f < BN / 8; f++) {
                         const int col = col0 + f * 8 + cl;
-                        if (col < N)
+                        if (col < N) {
+                            float a0 = acc[f * 4 + 2 * h], a1 = acc[f * 4 + 2 * h + 1];
+                            if (has_bias) {
+                                a0 += bias[(long long)tl.e * N + col];
+                                a1 += bias[(long long)tl.e * N + col + 1];
+                            }
                             *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
-                                pack_bf16x2(acc[f * 4 + 2 * h] * w, acc[f * 4 + 2 * h + 1] * w);
+                                pack_bf16x2(a0 * w, a1 * w);
+                        }
                     }
                 }
             }
@@ -405,25 +428,33 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
 //
 // The tensor maps are passed with sc_arg_tensor_map_in, which checks and orders their views
 // like view arguments. Grid: at most one CTA per SM (persistent); block: 128 * (CONS + 1)
-// threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES).
+// threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES). W13: rows_per_expert
+// = the gate map's rows per routed expert (2I stacked, I interleaved).
 
 #define SC_MOE_SM90_KERNELS(NAME, CONS, BN, STAGES, A_BOX)                                   \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
-                               const __grid_constant__ tmap_t b_map, bf16_t *h,                \
-                               const int *row_offsets, int E, int I, int H, int group_m)       \
+                               const __grid_constant__ tmap_t g_map,                           \
+                               const __grid_constant__ tmap_t u_map,                           \
+                               const __grid_constant__ tmap_t sg_map,                          \
+                               const __grid_constant__ tmap_t su_map, const float *b13,        \
+                               bf16_t *h, const int *row_offsets, int rows_per_expert,         \
+                               sc_moe_expert_params q)                                         \
     {                                                                                          \
-        grouped_gemm<MODE_W13, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, h, nullptr, row_offsets, E,   \
-                                                 I, H, 2 * I, group_m);                        \
+        grouped_gemm<MODE_W13, CONS, BN, STAGES, A_BOX>(&a_map, &g_map, &u_map, &sg_map,      \
+                                                        &su_map, h, nullptr, b13, row_offsets, \
+                                                        q, q.I, q.H, rows_per_expert);         \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
-                              const __grid_constant__ tmap_t b_map, const float *perm_weight,  \
-                              bf16_t *y, const int *row_offsets, int E, int H, int I,          \
-                              int group_m)                                                     \
+                              const __grid_constant__ tmap_t b_map,                            \
+                              const __grid_constant__ tmap_t sb_map, const float *b2,          \
+                              const float *perm_weight, bf16_t *y, const int *row_offsets,     \
+                              sc_moe_expert_params q)                                          \
     {                                                                                          \
-        grouped_gemm<MODE_W2, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, y, perm_weight, row_offsets,   \
-                                                E, H, I, H, group_m);                          \
+        grouped_gemm<MODE_W2, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, &b_map, &sb_map,       \
+                                                       &sb_map, y, perm_weight, b2,            \
+                                                       row_offsets, q, q.H, q.I, q.H);         \
     }
 
 SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES,

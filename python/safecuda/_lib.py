@@ -228,13 +228,33 @@ SC_ARG_IN, SC_ARG_OUT, SC_ARG_INOUT, SC_ARG_SCALAR, SC_ARG_BYTES = 1, 2, 3, 4, 5
 
 
 class sc_moe_desc(Structure):
+    # include/safecuda/moe.h, field for field and in its order: the library reads the whole
+    # struct (python/tests/test_struct_layout.py checks the layout against the header).
     _fields_ = [("experts", c_int), ("top_k", c_int), ("hidden", c_int),
                 ("intermediate", c_int), ("dtype", c_int), ("scoring", c_int),
                 ("renormalize", c_bool), ("router", c_uint64), ("w13", c_uint64),
                 ("w2", c_uint64), ("selection_bias", c_uint64), ("max_tokens", c_uint64),
-                ("label", c_char_p), ("backend", c_int)]
+                ("label", c_char_p), ("backend", c_int),
+                # routing
+                ("n_group", c_int), ("topk_group", c_int), ("routed_scaling", c_float),
+                # experts
+                ("activation", c_int), ("swiglu_alpha", c_float), ("swiglu_limit", c_float),
+                ("w13_layout", c_int),
+                # weights as views
+                ("router_view", sc_view), ("w13_view", sc_view), ("w2_view", sc_view),
+                ("selection_bias_view", sc_view),
+                # biases
+                ("router_bias", sc_view), ("w13_bias", sc_view), ("w2_bias", sc_view),
+                # the shared expert
+                ("shared_intermediate", c_int), ("shared_w13", sc_view), ("shared_w2", sc_view),
+                ("shared_gate", sc_view)]
 
 
+SC_MOE_SOFTMAX, SC_MOE_SIGMOID = 0, 1
+SC_MOE_BACKEND_AUTO, SC_MOE_BACKEND_MMA, SC_MOE_BACKEND_SM90 = 0, 1, 2
+SC_MOE_SILU, SC_MOE_GELU_TANH, SC_MOE_SWIGLU_CLAMP = 0, 1, 2
+SC_MOE_W13_STACKED, SC_MOE_W13_INTERLEAVED = 0, 1
+SC_MOE_MAX_EXPERTS, SC_MOE_MAX_TOPK, SC_MOE_MAX_SHARED = 512, 16, 16
 SC_MOE_MAX_STEPS = 16
 
 
@@ -245,7 +265,9 @@ class sc_moe_profile(Structure):
 
 class sc_moe_forward_desc(Structure):
     _fields_ = [("expert_ids", sc_view), ("expert_weights", sc_view),
-                ("profile", POINTER(sc_moe_profile))]
+                ("profile", POINTER(sc_moe_profile)),
+                ("routing_ids", sc_view), ("routing_weights", sc_view),
+                ("check_routing", c_bool), ("accumulate", c_bool)]
 
 
 # interop.h and dlpack.h
@@ -392,6 +414,8 @@ SIGNATURES = {
     "sc_moe_create_at": (S, [H, P(sc_moe_desc), u64p, *site]),
     "sc_moe_destroy": (S, [H]),
     "sc_moe_forward": (S, [H, H, sc_view, sc_view, P(sc_moe_forward_desc)]),
+    "sc_moe_route": (S, [H, H, sc_view, sc_view, sc_view]),
+    "sc_moe_routing_check": (S, [H, H]),
     "sc_moe_reserve": (S, [H, H, c_uint64]),
     "sc_moe_workspace_bytes": (S, [H, u64p]),
     # interop.h

@@ -3,85 +3,217 @@
 import types
 from ctypes import byref, c_uint64, pointer, string_at
 
-from ._core import Buffer, _check, _Resource, _stream_handle
+from ._core import Buffer, View, _check, _Resource, _stream_handle
 from ._dtype import DType
 from ._lib import (SC_MOE_MAX_STEPS, caller_site, fail, label_bytes, lib, sc_moe_desc,
                    sc_moe_forward_desc, sc_moe_profile)
 
-_SCORING = {"softmax": 0, "sigmoid": 1}
-_BACKEND = {"auto": 0, "mma": 1, "sm90": 2}
+SCORING = {"softmax": 0, "sigmoid": 1}
+BACKEND = {"auto": 0, "mma": 1, "sm90": 2}
+ACTIVATION = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
+W13_LAYOUT = {"stacked": 0, "interleaved": 1}
+
+
+def _choice(what, value, table):
+    if value not in table:
+        names = ", ".join(repr(k) for k in table)
+        raise ValueError(f"MoE: {what} is one of {names}, not {value!r}")
+    return table[value]
+
+
+def _shape2(w):
+    shape = getattr(w, "shape", None)
+    return tuple(shape) if shape is not None else ()
+
+
+def _float(what, value):
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"MoE: {what} must be a number, not {type(value).__name__}") from None
+
+
+def _int(what, value):
+    if value is None:
+        return 0
+    try:
+        return int(value.__index__())
+    except AttributeError:
+        raise TypeError(f"MoE: {what} must be an int, not {type(value).__name__}") from None
+
+
+def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
+               selection_bias=None, max_tokens=256, label=None, backend="auto",
+               experts=None, hidden=None, intermediate=None, n_group=0, topk_group=0,
+               routed_scaling=0.0, activation="silu", swiglu_alpha=None, swiglu_limit=None,
+               w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
+               shared_intermediate=None, shared_w13=None, shared_w2=None, shared_gate=None):
+    """The sc_moe_desc of MoE's arguments (see MoE), and a namespace of what was read:
+    experts, top_k, hidden, intermediate, shared_intermediate, the objects to keep alive
+    and the label's bytes (the desc points into them). Checks the Python side only (names,
+    types, what the shapes tell); the library checks the rest when the layer is made."""
+    weights = (("router", router, "router", "router_view"),
+               ("w13", w13, "w13", "w13_view"),
+               ("w2", w2, "w2", "w2_view"),
+               ("selection_bias", selection_bias, "selection_bias", "selection_bias_view"))
+    views = (("router_bias", router_bias), ("w13_bias", w13_bias), ("w2_bias", w2_bias),
+             ("shared_w13", shared_w13), ("shared_w2", shared_w2),
+             ("shared_gate", shared_gate))
+    for name, w, _, _ in weights:
+        if w is not None and not isinstance(w, View):
+            raise TypeError(f"MoE: {name} must be a safecuda.Buffer (the layer keeps its "
+                            f"handle) or a View of one (its exact elements), not "
+                            f"{type(w).__name__}")
+    for name, w in views:
+        if w is not None and not isinstance(w, View):
+            raise TypeError(f"MoE: {name} must be a safecuda.Buffer or View, not "
+                            f"{type(w).__name__}")
+    rs, ws = _shape2(router), _shape2(w2)
+    E = experts if experts is not None else (rs[0] if len(rs) == 2 else None)
+    H = hidden if hidden is not None else (rs[1] if len(rs) == 2 else None)
+    I_ = intermediate if intermediate is not None else (ws[2] if len(ws) == 3 else None)
+    if None in (E, H, I_):
+        raise ValueError("MoE: experts, hidden and intermediate can't be read from the "
+                         "weights' shapes (router [E, H], w2 [E, H, I]): give them")
+    S = shared_intermediate
+    if S is None:
+        s2, s13 = _shape2(shared_w2), _shape2(shared_w13)
+        if shared_w2 is not None and len(s2) == 2:
+            S = s2[1]
+        elif shared_w13 is not None and len(s13) == 2:
+            S = s13[0] // 2
+        elif shared_w2 is not None or shared_w13 is not None:
+            raise ValueError("MoE: shared_intermediate can't be read from the shared "
+                             "weights' shapes (shared_w2 [H, I_s], shared_w13 [2 I_s, H]): "
+                             "give it")
+        else:
+            S = 0
+    desc = sc_moe_desc()
+    desc.experts, desc.top_k = _int("experts", E), _int("top_k", top_k)
+    desc.hidden, desc.intermediate = _int("hidden", H), _int("intermediate", I_)
+    desc.dtype = int(DType.BF16)
+    desc.scoring = _choice("scoring", scoring, SCORING)
+    desc.renormalize = bool(renormalize)
+    for name, w, buffer_field, view_field in weights:
+        if w is None:
+            continue
+        if isinstance(w, Buffer):
+            setattr(desc, buffer_field, w._h)
+        else:
+            setattr(desc, view_field, w._sv)
+    desc.max_tokens = _int("max_tokens", max_tokens)
+    label_b = label_bytes(label)
+    desc.label = label_b
+    desc.backend = _choice("backend", backend, BACKEND)
+    desc.n_group, desc.topk_group = _int("n_group", n_group), _int("topk_group", topk_group)
+    desc.routed_scaling = _float("routed_scaling", routed_scaling)
+    desc.activation = _choice("activation", activation, ACTIVATION)
+    desc.swiglu_alpha = _float("swiglu_alpha", swiglu_alpha)
+    desc.swiglu_limit = _float("swiglu_limit", swiglu_limit)
+    desc.w13_layout = _choice("w13_layout", w13_layout, W13_LAYOUT)
+    for name, w in views:
+        if w is not None:
+            setattr(desc, name, w._sv)
+    desc.shared_intermediate = _int("shared_intermediate", S)
+    info = types.SimpleNamespace(
+        experts=desc.experts, top_k=desc.top_k, hidden=desc.hidden,
+        intermediate=desc.intermediate, shared_intermediate=desc.shared_intermediate,
+        keep=(router, w13, w2, selection_bias) + tuple(w for _, w in views), label=label_b)
+    return desc, info
 
 
 class MoE(_Resource):
     """MoE(ctx, router, w13, w2, top_k=, scoring="softmax", renormalize=True,
     selection_bias=None, max_tokens=256, label=None, backend="auto",
-    experts=None, hidden=None, intermediate=None).
+    experts=None, hidden=None, intermediate=None, **v2 options).
 
     out[t] = sum over the top_k experts e chosen by the router for token t of
-    weight(t, e) * (silu(x W1[e]^T) * (x W3[e]^T)) W2[e]^T, with router Wg [E, H], W13
-    [E, 2I, H] (rows 0..I-1 are W1) and W2 [E, H, I] as bf16 buffers; selection_bias an
-    optional f32 [E] added to the scores for the choice only. E, H and I come from the
-    weights' shapes (or are given). The layer keeps the weight buffers' handles: they
-    must stay open while it is used."""
+    weight(t, e) * (act(x W1[e]^T) * (x W3[e]^T)) W2[e]^T (+ the shared expert), with router
+    Wg [E, H], W13 [E, 2I, H] and W2 [E, H, I] bf16; selection_bias an optional f32 [E]
+    added to the scores for the choice only. These four are safecuda Buffers (whole
+    buffers: the layer keeps their handles) or Views (exactly the elements of the weight,
+    16-byte aligned: a checkpoint loaded as one allocation). E, H and I come from the
+    weights' shapes (or are given). The layer keeps the weights' buffers' handles: they
+    must stay open while it is used.
+
+    The options of include/safecuda/moe.h, under the C names (each one's default the
+    textbook layer):
+      n_group, topk_group   group-limited routing (DeepSeek-V3: 8, 4); 0, 0: none;
+      routed_scaling        the routed weights' factor after renormalization (0: 1);
+      activation            "silu" | "gelu_tanh" | "swiglu_clamp" (gpt-oss);
+      swiglu_alpha, swiglu_limit   swiglu_clamp's constants (None: 1.702 and 7.0);
+      w13_layout            "stacked" (gate rows, then up rows) | "interleaved";
+      router_bias (f32 [E]), w13_bias (f32 [E, 2I], in w13_layout), w2_bias (f32 [E, H]);
+      shared_w13 (bf16 [2 I_s, H]), shared_w2 (bf16 [H, I_s]), shared_gate (bf16 [H],
+        optional: the shared output scaled by sigmoid(x . shared_gate)): a shared expert
+        of intermediate size shared_intermediate (read from shared_w2's shape when not
+        given), a multiple of I.
+    Biases and shared weights are Buffers or Views (a Buffer stands for all its
+    elements)."""
 
     _kind = "MoE layer"
     _destroy_fn = "sc_moe_destroy"
 
     def __init__(self, context, router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                  selection_bias=None, max_tokens=256, label=None, backend="auto",
-                 experts=None, hidden=None, intermediate=None, _site=None):
-        E = experts if experts is not None else (router.shape[0] if len(router.shape) == 2
-                                                  else None)
-        H = hidden if hidden is not None else (router.shape[1] if len(router.shape) == 2
-                                               else None)
-        I_ = intermediate
-        if I_ is None and len(w2.shape) == 3:
-            I_ = w2.shape[2]
-        if None in (E, H, I_):
-            raise ValueError("MoE: experts, hidden and intermediate can't be read from the "
-                             "weights' shapes (router [E, H], w2 [E, H, I]): give them")
-        if scoring not in _SCORING:
-            raise ValueError(f"MoE: scoring is 'softmax' or 'sigmoid', not {scoring!r}")
-        if backend not in _BACKEND:
-            raise ValueError(f"MoE: backend is one of {sorted(_BACKEND)}, not {backend!r}")
-        for name, b in (("router", router), ("w13", w13), ("w2", w2),
-                        ("selection_bias", selection_bias)):
-            if b is not None and not isinstance(b, Buffer):
-                raise TypeError(f"MoE: {name} must be a safecuda.Buffer (whole buffers: the "
-                                f"layer keeps their handles), not {type(b).__name__}")
-        desc = sc_moe_desc()
-        desc.experts, desc.top_k, desc.hidden, desc.intermediate = int(E), int(top_k), int(H), \
-            int(I_)
-        desc.dtype = int(DType.BF16)
-        desc.scoring = _SCORING[scoring]
-        desc.renormalize = bool(renormalize)
-        desc.router, desc.w13, desc.w2 = router._h, w13._h, w2._h
-        desc.selection_bias = selection_bias._h if selection_bias is not None else 0
-        desc.max_tokens = int(max_tokens)
-        self._label_b = label_bytes(label)
-        desc.label = self._label_b
-        desc.backend = _BACKEND[backend]
+                 experts=None, hidden=None, intermediate=None, n_group=0, topk_group=0,
+                 routed_scaling=0.0, activation="silu", swiglu_alpha=None, swiglu_limit=None,
+                 w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
+                 shared_intermediate=None, shared_w13=None, shared_w2=None,
+                 shared_gate=None, _site=None):
+        desc, info = build_desc(
+            router, w13, w2, top_k=top_k, scoring=scoring, renormalize=renormalize,
+            selection_bias=selection_bias, max_tokens=max_tokens, label=label,
+            backend=backend, experts=experts, hidden=hidden, intermediate=intermediate,
+            n_group=n_group, topk_group=topk_group, routed_scaling=routed_scaling,
+            activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+            w13_layout=w13_layout, router_bias=router_bias, w13_bias=w13_bias,
+            w2_bias=w2_bias, shared_intermediate=shared_intermediate, shared_w13=shared_w13,
+            shared_w2=shared_w2, shared_gate=shared_gate)
+        self._label_b = info.label
         h = c_uint64()
         file, line = _site if _site is not None else caller_site()
         _check(lib.sc_moe_create_at(context._h, byref(desc), byref(h), file, line))
-        self.experts, self.top_k, self.hidden, self.intermediate = int(E), int(top_k), \
-            int(H), int(I_)
-        self.weights = (router, w13, w2, selection_bias)  # kept alive with the layer
+        self.experts, self.top_k = info.experts, info.top_k
+        self.hidden, self.intermediate = info.hidden, info.intermediate
+        self.shared_intermediate = info.shared_intermediate
+        self.n_group, self.topk_group = desc.n_group, desc.topk_group
+        self.routed_scaling = desc.routed_scaling
+        self.activation, self.w13_layout = activation, w13_layout
+        self.weights = info.keep  # kept alive with the layer
         self._init_resource(context, h.value, label, (string_at(file).decode(), line))
         self._forward = lib.sc_moe_forward
 
     def _detail(self):
-        return f"E={self.experts} k={self.top_k} H={self.hidden} I={self.intermediate}"
+        extra = f" shared={self.shared_intermediate}" if self.shared_intermediate else ""
+        return (f"E={self.experts} k={self.top_k} H={self.hidden} I={self.intermediate}"
+                f"{extra}")
 
     def forward(self, x, out=None, *, stream=None, expert_ids=None, expert_weights=None,
-                profile=False):
+                profile=False, routing_ids=None, routing_weights=None, check_routing=False,
+                accumulate=False):
         """out = MoE(x) for bf16 x [T, H] on stream (default: the context's default stream);
         out (bf16, like x) is made when not given. expert_ids (i32 [T, k]) and
         expert_weights (f32 [T, k]) views are written when given. profile=True returns
-        (out, profile) with each kernel's device time (a host synchronization)."""
+        (out, profile) with each kernel's device time (a host synchronization).
+
+        routing_ids (i32 [T, k]) and routing_weights (f32 [T, k]), given together: the
+        caller's routing instead of the router's (used as given; an id < 0 is a padded
+        slot; an id >= E is skipped and reported by a forward with check_routing=True,
+        which waits for the stream, or by routing_check()). accumulate=True: out += MoE(x)
+        (out must be given)."""
+        if accumulate and out is None:
+            raise ValueError("MoE.forward: accumulate=True adds into out: give out")
+        if (routing_ids is None) != (routing_weights is None):
+            raise ValueError("MoE.forward: routing_ids and routing_weights are given together "
+                             "(the caller's routing: expert ids i32 [T, k] and their weights "
+                             "f32 [T, k])")
         if out is None:
             out = Buffer(self._ctx, x.shape, DType.BF16, stream=stream, _site=caller_site())
-        if expert_ids is None and expert_weights is None and not profile:
+        if (expert_ids is None and expert_weights is None and not profile and
+                routing_ids is None and not check_routing and not accumulate):
             r = self._forward(_stream_handle(stream), self._h, x._sv, out._sv, None)
             if r:
                 fail(r)
@@ -91,6 +223,11 @@ class MoE(_Resource):
             opts.expert_ids = expert_ids._sv
         if expert_weights is not None:
             opts.expert_weights = expert_weights._sv
+        if routing_ids is not None:
+            opts.routing_ids = routing_ids._sv
+            opts.routing_weights = routing_weights._sv
+        opts.check_routing = bool(check_routing)
+        opts.accumulate = bool(accumulate)
         prof = sc_moe_profile() if profile else None
         if prof is not None:
             opts.profile = pointer(prof)
@@ -105,6 +242,27 @@ class MoE(_Resource):
 
     __call__ = forward
 
+    def route(self, x, ids=None, weights=None, *, stream=None):
+        """The routing alone (sc_moe_route): for bf16 x [T, H], the chosen experts (i32
+        [T, k]) and their weights (f32 [T, k], renormalized and scaled as a forward uses
+        them), into the views ids and weights (made when not given); returns (ids,
+        weights), what forward takes back as routing_ids / routing_weights."""
+        T = x.count // self.hidden if self.hidden else 0
+        if ids is None:
+            ids = Buffer(self._ctx, (T, self.top_k), DType.I32, stream=stream,
+                         _site=caller_site())
+        if weights is None:
+            weights = Buffer(self._ctx, (T, self.top_k), DType.F32, stream=stream,
+                             _site=caller_site())
+        _check(lib.sc_moe_route(_stream_handle(stream), self._h, x._sv, ids._sv,
+                                weights._sv))
+        return ids, weights
+
+    def routing_check(self, stream=None):
+        """Wait for stream and raise InvalidArgumentError (naming the token, slot and id)
+        when an unchecked forward since the last report met a routing id >= E."""
+        _check(lib.sc_moe_routing_check(_stream_handle(stream), self._h))
+
     def reserve(self, max_tokens, *, stream=None):
         """Grow the workspace for forwards of up to max_tokens now (needed before a stream
         capture: a growth can't be captured)."""
@@ -115,4 +273,3 @@ class MoE(_Resource):
         v = c_uint64()
         _check(lib.sc_moe_workspace_bytes(self._h, byref(v)))
         return v.value
-

@@ -5,11 +5,21 @@
   It runs on torch's current stream (wrapped as a safecuda stream), inside
   torch.cuda.graph captures (its workspace is reserved for max_tokens tokens when it is
   built: a forward of more tokens inside a capture is refused with CaptureError) and
-  under torch.compile, where it is one opaque operator.
-- The operators torch.ops.safecuda.moe(x, layer) -> out and
-  torch.ops.safecuda.moe_routed(x, layer) -> (out, expert_ids i32 [T, k], expert_weights
-  f32 [T, k]), registered with torch.library.custom_op and a fake (shape) implementation;
-  `layer` is the int id of a layer (MoE.layer_id).
+  under torch.compile, where it is one opaque operator. The options of
+  include/safecuda/moe.h (grouped routing, routed scaling, activations, W13 layouts,
+  biases, a shared expert) under their C names; the caller's routing; out += layer(x).
+- The operators, registered with torch.library.custom_op and a fake (shape)
+  implementation; `layer` is the int id of a layer (MoE.layer_id):
+    torch.ops.safecuda.moe(x, layer) -> out
+    torch.ops.safecuda.moe_routed(x, layer) -> (out, expert_ids i32 [T, k],
+        expert_weights f32 [T, k])
+    torch.ops.safecuda.moe_route(x, layer) -> (expert_ids, expert_weights): the routing
+        alone
+    torch.ops.safecuda.moe_with_routing(x, layer, routing_ids, routing_weights,
+        check_routing=False) -> out: the caller's routing (i32 / f32 [T, k])
+    torch.ops.safecuda.moe_accumulate(x, layer, out, routing_ids=None,
+        routing_weights=None, check_routing=False): out += layer(x), in place (out is
+        declared mutated)
 - as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways.
 
 The layer keeps references to the weight tensors; it reads them where they were when it
@@ -23,7 +33,7 @@ import itertools
 import threading
 import weakref
 from ctypes import byref, c_uint64
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -38,7 +48,8 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"safecuda.torch needs torch >= 2.4 (torch.library.custom_op); this is "
                       f"torch {torch.__version__}")
 
-__all__ = ["MoE", "as_buffer", "as_tensor", "moe", "moe_routed"]
+__all__ = ["MoE", "as_buffer", "as_tensor", "moe", "moe_accumulate", "moe_route", "moe_routed",
+           "moe_with_routing"]
 
 _layers = {}  # layer id -> _Layer
 _layer_ids = itertools.count(1)
@@ -63,25 +74,50 @@ def as_tensor(view):
     return torch.utils.dlpack.from_dlpack(view)
 
 
+# The layer's options besides the three weights (MoE's keyword arguments), with their
+# defaults: those of safecuda.MoE.
+_OPTIONS = dict(n_group=0, topk_group=0, routed_scaling=0.0, activation="silu",
+                swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked", router_bias=None,
+                w13_bias=None, w2_bias=None, shared_intermediate=None, shared_w13=None,
+                shared_w2=None, shared_gate=None)
+_OPTIONAL_TENSORS = ("selection_bias", "router_bias", "w13_bias", "w2_bias", "shared_w13",
+                     "shared_w2", "shared_gate")
+
+
+def _check_weight(name, t, dtype, hint=""):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"safecuda.torch.MoE: {name} must be a torch tensor, not "
+                        f"{type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"safecuda.torch.MoE: {name} is on {t.device}, not a CUDA device")
+    if t.dtype != dtype:
+        what = "bfloat16 weights" if dtype == torch.bfloat16 else f"{name} as {dtype}"
+        raise TypeError(f"safecuda.torch.MoE: {name} is {t.dtype}; the layer takes {what}"
+                        f"{hint}")
+    if not t.is_contiguous():
+        raise ValueError(f"safecuda.torch.MoE: {name} is not contiguous; the layer borrows "
+                         f"the weights without copying them: pass {name}.contiguous()")
+
+
+def _check_shape(name, t, shape, meaning):
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"safecuda.torch.MoE: {name} must be {meaning} = "
+                         f"{list(shape)}; got {list(t.shape)}")
+
+
 class _Layer:
     """One safecuda MoE layer over borrowed torch weights, and the per-call borrows."""
 
     def __init__(self, router, w13, w2, top_k, scoring, renormalize, selection_bias,
-                 max_tokens, backend, label):
+                 max_tokens, backend, label, **options):
+        opts = dict(_OPTIONS)
+        unknown = set(options) - set(opts)
+        if unknown:
+            raise TypeError(f"safecuda.torch.MoE: unknown option(s) {sorted(unknown)}")
+        opts.update(options)
         tensors = {"router_weight": router, "w13": w13, "w2": w2}
         for name, t in tensors.items():
-            if not isinstance(t, Tensor):
-                raise TypeError(f"safecuda.torch.MoE: {name} must be a torch tensor")
-            if not t.is_cuda:
-                raise ValueError(f"safecuda.torch.MoE: {name} is on {t.device}, not a CUDA "
-                                 f"device")
-            if t.dtype != torch.bfloat16:
-                raise TypeError(f"safecuda.torch.MoE: {name} is {t.dtype}; the layer takes "
-                                f"bfloat16 weights")
-            if not t.is_contiguous():
-                raise ValueError(f"safecuda.torch.MoE: {name} is not contiguous; the layer "
-                                 f"borrows the weights without copying them: pass "
-                                 f"{name}.contiguous()")
+            _check_weight(name, t, torch.bfloat16)
         if router.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
             raise ValueError(f"safecuda.torch.MoE: shapes router_weight [E, H], w13 [E, 2I, H], "
                              f"w2 [E, H, I] expected; got {tuple(router.shape)}, "
@@ -95,11 +131,56 @@ class _Layer:
                              f"{tuple(w2.shape)}")
         devices = {t.device for t in tensors.values()}
         if selection_bias is not None:
-            if selection_bias.dtype != torch.float32 or tuple(selection_bias.shape) != (E,):
+            if not isinstance(selection_bias, Tensor) or \
+                    selection_bias.dtype != torch.float32 or \
+                    tuple(selection_bias.shape) != (E,):
                 raise ValueError(f"safecuda.torch.MoE: selection_bias must be float32 [{E}]; "
-                                 f"got {selection_bias.dtype} {tuple(selection_bias.shape)}")
+                                 f"got {getattr(selection_bias, 'dtype', type(selection_bias))} "
+                                 f"{tuple(getattr(selection_bias, 'shape', ()))}")
             devices.add(selection_bias.device)
             selection_bias = selection_bias.contiguous()
+        # The biases (float32) and the shared expert (bfloat16).
+        f32 = " (pass .float())"
+        for name, shape, meaning in (("router_bias", (E,), "[E]"),
+                                     ("w13_bias", (E, 2 * I_), "[E, 2I]"),
+                                     ("w2_bias", (E, H), "[E, H]")):
+            t = opts[name]
+            if t is not None:
+                _check_weight(name, t, torch.float32, f32)
+                _check_shape(name, t, shape, meaning)
+                devices.add(t.device)
+        sw13, sw2, sgate = opts["shared_w13"], opts["shared_w2"], opts["shared_gate"]
+        if (sw13 is None) != (sw2 is None):
+            raise ValueError("safecuda.torch.MoE: shared_w13 and shared_w2 are given together "
+                             "(the shared expert's [2 I_s, H] and [H, I_s] weights)")
+        if sgate is not None and sw13 is None:
+            raise ValueError("safecuda.torch.MoE: shared_gate scales the shared expert's "
+                             "output: give shared_w13 and shared_w2 too")
+        S = opts["shared_intermediate"]
+        if sw13 is not None:
+            _check_weight("shared_w13", sw13, torch.bfloat16)
+            _check_weight("shared_w2", sw2, torch.bfloat16)
+            if sw2.dim() != 2:
+                raise ValueError(f"safecuda.torch.MoE: shared_w2 must be [H, I_s]; got "
+                                 f"{list(sw2.shape)}")
+            if S is None:
+                S = int(sw2.shape[1])
+            _check_shape("shared_w2", sw2, (H, S), "[H, I_s]")
+            _check_shape("shared_w13", sw13, (2 * S, H), "[2 I_s, H]")
+            devices.update((sw13.device, sw2.device))
+            if sgate is not None:
+                _check_weight("shared_gate", sgate, torch.bfloat16)
+                if sgate.numel() != H:
+                    raise ValueError(f"safecuda.torch.MoE: shared_gate must hold H = {H} "
+                                     f"elements ([H], or a Linear(H, 1)'s weight [1, H]); "
+                                     f"got {list(sgate.shape)}")
+                sgate = sgate.reshape(H)
+                devices.add(sgate.device)
+        elif S:
+            raise ValueError(f"safecuda.torch.MoE: shared_intermediate = {S} without "
+                             f"shared_w13 and shared_w2")
+        opts["shared_intermediate"] = S
+        opts["shared_gate"] = sgate
         if len(devices) != 1:
             raise ValueError(f"safecuda.torch.MoE: the weights are on several devices: "
                              f"{sorted(str(d) for d in devices)}")
@@ -108,29 +189,38 @@ class _Layer:
         self.ctx = ctx = default_context(dev.index)
         stream = Stream.from_torch(torch.cuda.current_stream(dev), context=ctx)
         self.buffers = []
+        named = {"router": router, "w13": w13, "w2": w2, "selection_bias": selection_bias}
+        named.update((n, opts[n]) for n in _OPTIONAL_TENSORS if n != "selection_bias")
+        borrowed = {}
         try:
-            for name, t in (("router", router), ("w13", w13), ("w2", w2),
-                            ("selection_bias", selection_bias)):
+            for name, t in named.items():
                 if t is None:
-                    self.buffers.append(None)
+                    borrowed[name] = None
                     continue
                 # detach(): the same storage, without the autograd record that keeps
                 # torch from exporting a parameter.
-                self.buffers.append(Buffer.from_dlpack(
-                    t.detach(), context=ctx, stream=stream, read_only=True,
-                    label=f"{label or 'torch MoE'} {name}"))
-            r, a, b, bias = self.buffers
-            self.moe = _MoE(ctx, r, a, b, top_k=top_k, scoring=scoring,
-                            renormalize=renormalize, selection_bias=bias,
-                            max_tokens=max_tokens, label=label, backend=backend)
+                b = Buffer.from_dlpack(t.detach(), context=ctx, stream=stream, read_only=True,
+                                       label=f"{label or 'torch MoE'} {name}")
+                self.buffers.append(b)
+                borrowed[name] = b
+            kw = {n: opts[n] for n in _OPTIONS}
+            kw.update((n, borrowed[n]) for n in _OPTIONAL_TENSORS if n != "selection_bias")
+            self.moe = _MoE(ctx, borrowed["router"], borrowed["w13"], borrowed["w2"],
+                            top_k=top_k, scoring=scoring, renormalize=renormalize,
+                            selection_bias=borrowed["selection_bias"], max_tokens=max_tokens,
+                            label=label, backend=backend, **kw)
             if max_tokens:
                 self.moe.reserve(max_tokens, stream=stream)
         except BaseException:
             self.close()
             raise
         self.E, self.H, self.I, self.top_k = int(E), int(H), int(I_), int(top_k)
+        self.shared_intermediate = int(S or 0)
         self.max_tokens = int(max_tokens)
         self.tensors = (router, w13, w2, selection_bias)
+        self.named = {"router_weight": router, "w13": w13, "w2": w2,
+                      "selection_bias": selection_bias}
+        self.named.update((n, opts[n]) for n in _OPTIONAL_TENSORS if n != "selection_bias")
         self._tls = threading.local()
         self._ctx_h = ctx._h
         self._moe_h = self.moe._h
@@ -222,6 +312,131 @@ class _Layer:
                     destroy(h)
         return (out, ids, weights) if routed else out
 
+    # ---- the caller's routing, out += layer(x), the routing alone ----------------------
+
+    def _check_x(self, x):
+        if x.dtype != torch.bfloat16 or not x.is_cuda or x.dim() != 2 or x.shape[1] != self.H:
+            raise ValueError(f"safecuda.torch.MoE: x must be a bfloat16 CUDA tensor [T, "
+                             f"{self.H}]; got {x.dtype} {tuple(x.shape)} on {x.device}")
+        if x.device != self.device:
+            raise ValueError(f"safecuda.torch.MoE: x is on {x.device}, the layer on "
+                             f"{self.device}")
+        return x if x.is_contiguous() else x.contiguous()
+
+    def _check_routing(self, T, ids, weights, x):
+        k = self.top_k
+        for name, t, dtype in (("routing_ids", ids, torch.int32),
+                               ("routing_weights", weights, torch.float32)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"safecuda.torch.MoE: {name} must be a torch tensor, not "
+                                f"{type(t).__name__}")
+            if t.dtype != dtype or tuple(t.shape) != (T, k) or t.device != x.device or \
+                    not t.is_contiguous():
+                raise ValueError(f"safecuda.torch.MoE: {name} must be a contiguous {dtype} "
+                                 f"tensor [T={T}, k={k}] on {x.device}; got {t.dtype} "
+                                 f"{list(t.shape)} on {t.device}"
+                                 f"{'' if t.is_contiguous() else ' (not contiguous)'}")
+
+    def _stream(self, x):
+        cu = _current_raw_stream(x.device.index)
+        st = self.ctx._wrapped.get(cu)
+        if st is None:
+            st = self.ctx.wrap_stream(cu)
+        return st._h
+
+    def _borrow(self, t, dtype, read_only, stream, count, handles, line):
+        d = sc_borrow_desc(int(dtype), count, None, stream, read_only)
+        h = c_uint64()
+        r = lib.sc_buffer_borrow_at(self._ctx_h, t.data_ptr(), byref(d), byref(h), _SITE_FILE,
+                                    line)
+        if r:
+            fail(r)
+        handles.append(h.value)
+        return sc_view(h.value, 0, count)
+
+    def run_ex(self, x, out=None, ids=None, weights=None, check=False):
+        """out = layer(x), or out += layer(x) when out is given (mutated in place, and
+        returned); with the caller's routing when ids and weights are given."""
+        x = self._check_x(x)
+        T = x.shape[0]
+        accumulate = out is not None
+        if accumulate:
+            if not isinstance(out, Tensor) or out.dtype != torch.bfloat16 or \
+                    tuple(out.shape) != tuple(x.shape) or out.device != x.device or \
+                    not out.is_contiguous():
+                raise ValueError(f"safecuda.torch.MoE: the tensor to accumulate into must be "
+                                 f"a contiguous bfloat16 tensor of x's shape {list(x.shape)} "
+                                 f"on {x.device}; got {getattr(out, 'dtype', type(out))} "
+                                 f"{list(getattr(out, 'shape', ()))}")
+            if x.data_ptr() < out.data_ptr() + out.nbytes and \
+                    out.data_ptr() < x.data_ptr() + x.nbytes:
+                raise ValueError("safecuda.torch.MoE: the tensor to accumulate into overlaps x "
+                                 "(the layer reads x while it writes the sum): give another "
+                                 "tensor")
+        else:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        if (ids is None) != (weights is None):
+            raise ValueError("safecuda.torch.MoE: routing_ids and routing_weights are given "
+                             "together")
+        if ids is not None:
+            self._check_routing(T, ids, weights, x)
+        if T == 0:
+            return out
+        sh = self._stream(x)
+        n, nk = T * self.H, T * self.top_k
+        handles = []
+        try:
+            vx = self._borrow(x, DType.BF16, True, sh, n, handles, 5)
+            vo = self._borrow(out, DType.BF16, False, sh, n, handles, 6)
+            opts = _lib.sc_moe_forward_desc()
+            if ids is not None:
+                opts.routing_ids = self._borrow(ids, DType.I32, True, sh, nk, handles, 7)
+                opts.routing_weights = self._borrow(weights, DType.F32, True, sh, nk, handles,
+                                                    8)
+            opts.check_routing = bool(check)
+            opts.accumulate = accumulate
+            r = lib.sc_moe_forward(sh, self._moe_h, vx, vo, byref(opts))
+            if r:
+                fail(r)
+        finally:
+            for h in handles:  # as in run(): forgotten once safecuda's work is ordered
+                lib.sc_buffer_destroy(h)
+        return out
+
+    def route(self, x):
+        """(expert ids i32 [T, k], weights f32 [T, k]) of the layer's router for x [T, H]."""
+        x = self._check_x(x)
+        T = x.shape[0]
+        ids = torch.empty((T, self.top_k), dtype=torch.int32, device=x.device)
+        weights = torch.empty((T, self.top_k), dtype=torch.float32, device=x.device)
+        if T == 0:
+            return ids, weights
+        sh = self._stream(x)
+        nk = T * self.top_k
+        handles = []
+        try:
+            vx = self._borrow(x, DType.BF16, True, sh, T * self.H, handles, 9)
+            vi = self._borrow(ids, DType.I32, False, sh, nk, handles, 10)
+            vw = self._borrow(weights, DType.F32, False, sh, nk, handles, 11)
+            r = lib.sc_moe_route(sh, self._moe_h, vx, vi, vw)
+            if r:
+                fail(r)
+        finally:
+            for h in handles:
+                lib.sc_buffer_destroy(h)
+        return ids, weights
+
+    def routing_check(self, device):
+        """Report (InvalidArgumentError) a routing id >= E met by an unchecked forward on
+        torch's current stream since the last report; waits for that stream."""
+        cu = _current_raw_stream(device.index)
+        st = self.ctx._wrapped.get(cu)
+        if st is None:
+            st = self.ctx.wrap_stream(cu)
+        r = lib.sc_moe_routing_check(st._h, self._moe_h)
+        if r:
+            fail(r)
+
 
 def _current_stream_handle(index):
     return torch.cuda.current_stream(index).cuda_stream
@@ -267,6 +482,52 @@ def _moe_routed_fake(x, layer):
             x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=torch.float32))
 
 
+@torch.library.custom_op("safecuda::moe_route", mutates_args=())
+def moe_route(x: Tensor, layer: int) -> Tuple[Tensor, Tensor]:
+    """The routing alone of layer `layer` for x [T, H]: the chosen experts (int32 [T, k])
+    and their weights (float32 [T, k], renormalized and scaled as the forward uses them),
+    in slot order."""
+    return _layer(layer).route(x)
+
+
+@moe_route.register_fake
+def _moe_route_fake(x, layer):
+    k = _layer(layer).top_k
+    T = x.shape[0]
+    return x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=torch.float32)
+
+
+@torch.library.custom_op("safecuda::moe_with_routing", mutates_args=())
+def moe_with_routing(x: Tensor, layer: int, routing_ids: Tensor, routing_weights: Tensor,
+                     check_routing: bool = False) -> Tensor:
+    """The layer on x [T, H] with the caller's routing: expert ids (int32 [T, k]; < 0 a
+    padded slot) and their weights (float32 [T, k], used as given). An id >= E is skipped
+    and reported (InvalidArgumentError) by a call with check_routing=True (which waits
+    for the stream) or by MoE.routing_check()."""
+    return _layer(layer).run_ex(x, None, routing_ids, routing_weights, check_routing)
+
+
+@moe_with_routing.register_fake
+def _moe_with_routing_fake(x, layer, routing_ids, routing_weights, check_routing=False):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("safecuda::moe_accumulate", mutates_args=("out",))
+def moe_accumulate(x: Tensor, layer: int, out: Tensor, routing_ids: Optional[Tensor] = None,
+                   routing_weights: Optional[Tensor] = None,
+                   check_routing: bool = False) -> None:
+    """out += layer(x) in place (out: bfloat16 [T, H], contiguous, not overlapping x), the
+    sum rounded once to bf16; with the caller's routing when routing_ids and
+    routing_weights are given (as moe_with_routing)."""
+    _layer(layer).run_ex(x, out, routing_ids, routing_weights, check_routing)
+
+
+@moe_accumulate.register_fake
+def _moe_accumulate_fake(x, layer, out, routing_ids=None, routing_weights=None,
+                         check_routing=False):
+    return None
+
+
 def _plain_eager(x):
     """Whether a forward may run the operator's body directly, skipping the dispatcher's
     few microseconds: plain eager execution of a plain CUDA tensor that needs no gradient.
@@ -299,35 +560,61 @@ class MoE(torch.nn.Module):
 
         MoE(router_weight [E, H], w13 [E, 2I, H], w2 [E, H, I], top_k=k,
             scoring="softmax" | "sigmoid", renormalize=True, selection_bias=None (float32
-            [E]), max_tokens=256, backend="auto", label=None)
+            [E]), max_tokens=256, backend="auto", label=None,
+            # the options of include/safecuda/moe.h, under their C names:
+            n_group=0, topk_group=0, routed_scaling=0.0 (0: 1),
+            activation="silu" | "gelu_tanh" | "swiglu_clamp",
+            swiglu_alpha=None, swiglu_limit=None (swiglu_clamp's; None: 1.702 and 7.0),
+            w13_layout="stacked" | "interleaved",
+            router_bias=None (float32 [E]), w13_bias=None (float32 [E, 2I], in
+            w13_layout), w2_bias=None (float32 [E, H]),
+            shared_w13=None (bf16 [2 I_s, H], in w13_layout), shared_w2=None (bf16
+            [H, I_s]), shared_gate=None (bf16 [H] or [1, H]), shared_intermediate=None
+            (I_s: read from shared_w2))
 
-    bf16 CUDA weights, contiguous, on one device, borrowed without a copy. forward(x) takes
-    a bf16 CUDA tensor [..., H] and returns a new one of its shape;
-    forward(x, return_routing=True) also gives the expert ids and weights [T, k] (T = the
-    tokens of x). max_tokens: the workspace reserved now, the most tokens a forward may
-    take inside a CUDA graph capture (eager forwards grow it as needed).
+    bf16 CUDA weights, contiguous, on one device, borrowed without a copy (so are the
+    float32 biases and the shared expert's weights). forward(x) takes a bf16 CUDA tensor
+    [..., H] and returns a new one of its shape; forward(x, return_routing=True) also
+    gives the expert ids and weights [T, k] (T = the tokens of x). max_tokens: the
+    workspace reserved now, the most tokens a forward may take inside a CUDA graph
+    capture (eager forwards grow it as needed).
+
+    forward(x, routing=(ids, weights)): the caller's routing instead of the router's:
+    ids [..., k] (int32; other integer types are converted), < 0 for a padded slot;
+    weights [..., k] (float32, converted likewise), used as given (no renormalization or
+    scaling). An id >= E is skipped; check_routing=True reports it (InvalidArgumentError,
+    waiting for the stream), as does routing_check() later.
+    forward(x, accumulate_into=r): r += layer(x) in place (r: contiguous bf16 of x's
+    shape, not x itself), the sum rounded once; returns r. route(x): the router's (ids,
+    weights), what routing= takes back.
 
     In plain eager execution the forward runs the operator's body directly (the same
     work, without the dispatcher's overhead); under torch.compile, tracing, tensor
-    subclasses or autograd it calls torch.ops.safecuda.moe. use_dispatcher=True makes it
-    always call the operator."""
+    subclasses or autograd it calls the torch.ops.safecuda operators. use_dispatcher=True
+    makes it always call them."""
 
     def __init__(self, router_weight, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                  selection_bias=None, max_tokens=256, backend="auto", label=None,
-                 use_dispatcher=False):
+                 use_dispatcher=False, **options):
         super().__init__()
         self.use_dispatcher = bool(use_dispatcher)
         layer = _Layer(router_weight, w13, w2, top_k, scoring, renormalize, selection_bias,
-                       max_tokens, backend, label)
+                       max_tokens, backend, label, **options)
         layer_id = next(_layer_ids)
         _layers[layer_id] = layer
         self.layer_id = layer_id
         self.num_experts, self.hidden, self.intermediate = layer.E, layer.H, layer.I
         self.top_k, self.scoring, self.renormalize = layer.top_k, scoring, bool(renormalize)
         self.max_tokens = layer.max_tokens
+        self.shared_intermediate = layer.shared_intermediate
+        m = layer.moe
+        self.n_group, self.topk_group = m.n_group, m.topk_group
+        self.routed_scaling, self.activation, self.w13_layout = \
+            m.routed_scaling, m.activation, m.w13_layout
         # Plain references (not parameters or buffers: .to() must not move them out from
         # under the layer, which reads them where they are now).
         self._weights = layer.tensors
+        self._named = layer.named
         self._finalizer = weakref.finalize(self, _release, layer_id)
 
     @property
@@ -347,32 +634,147 @@ class MoE(torch.nn.Module):
         return self._weights[3]
 
     @property
+    def router_bias(self):
+        return self._named["router_bias"]
+
+    @property
+    def w13_bias(self):
+        return self._named["w13_bias"]
+
+    @property
+    def w2_bias(self):
+        return self._named["w2_bias"]
+
+    @property
+    def shared_w13(self):
+        return self._named["shared_w13"]
+
+    @property
+    def shared_w2(self):
+        return self._named["shared_w2"]
+
+    @property
+    def shared_gate(self):
+        return self._named["shared_gate"]
+
+    @property
     def safecuda_layer(self):
         """The safecuda.MoE under the module."""
         return _layer(self.layer_id).moe
 
-    def forward(self, x: Tensor, return_routing: bool = False):
+    def _routing(self, routing, T):
+        try:
+            ids, weights = routing
+        except (TypeError, ValueError):
+            raise TypeError("safecuda.torch.MoE: routing is a pair (expert ids [..., k], "
+                            "weights [..., k]) of tensors") from None
+        k = self.top_k
+        for name, t in (("routing ids", ids), ("routing weights", weights)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"safecuda.torch.MoE: the {name} must be a torch tensor, "
+                                f"not {type(t).__name__}")
+            if t.dim() < 1 or t.shape[-1] != k or t.numel() != T * k:
+                raise ValueError(f"safecuda.torch.MoE: the {name} must be [..., k={k}] for "
+                                 f"the {T} tokens of x; got {list(t.shape)}")
+        if ids.dtype != torch.int32:
+            if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+                raise TypeError(f"safecuda.torch.MoE: the routing ids are {ids.dtype}; an "
+                                f"integer tensor is expected")
+            ids = ids.to(torch.int32)
+        if weights.dtype != torch.float32:
+            if not weights.dtype.is_floating_point:
+                raise TypeError(f"safecuda.torch.MoE: the routing weights are "
+                                f"{weights.dtype}; a floating tensor is expected")
+            weights = weights.to(torch.float32)
+        return ids.reshape(T, k).contiguous(), weights.reshape(T, k).contiguous()
+
+    def forward(self, x: Tensor, return_routing: bool = False, *, routing=None,
+                accumulate_into=None, check_routing: bool = False):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if not self.use_dispatcher and _plain_eager(x2):
-            layer = _layer(self.layer_id)
+        if routing is None and accumulate_into is None:
+            if check_routing:
+                raise ValueError("safecuda.torch.MoE: check_routing checks the caller's "
+                                 "routing: give routing=(ids, weights)")
+            if not self.use_dispatcher and _plain_eager(x2):
+                layer = _layer(self.layer_id)
+                if return_routing:
+                    out, ids, weights = layer.run(x2, True)
+                    return out.view(shape), ids, weights
+                return layer.run(x2, False).view(shape)
             if return_routing:
-                out, ids, weights = layer.run(x2, True)
+                out, ids, weights = torch.ops.safecuda.moe_routed(x2, self.layer_id)
                 return out.view(shape), ids, weights
-            return layer.run(x2, False).view(shape)
+            return torch.ops.safecuda.moe(x2, self.layer_id).view(shape)
         if return_routing:
-            out, ids, weights = torch.ops.safecuda.moe_routed(x2, self.layer_id)
-            return out.view(shape), ids, weights
-        return torch.ops.safecuda.moe(x2, self.layer_id).view(shape)
+            raise ValueError("safecuda.torch.MoE: return_routing goes with the layer's own "
+                             "routing into a new tensor; with routing= the routing is the "
+                             "caller's, and with accumulate_into call route(x) first and "
+                             "pass routing=")
+        T = x2.shape[0]
+        ids = weights = None
+        if routing is not None:
+            ids, weights = self._routing(routing, T)
+        eager = not self.use_dispatcher and _plain_eager(x2) and \
+            all(t is None or type(t) is Tensor for t in (ids, weights, accumulate_into))
+        if accumulate_into is None:
+            if eager:
+                return _layer(self.layer_id).run_ex(x2, None, ids, weights,
+                                                    check_routing).view(shape)
+            return torch.ops.safecuda.moe_with_routing(x2, self.layer_id, ids, weights,
+                                                       check_routing).view(shape)
+        acc = accumulate_into
+        if not isinstance(acc, Tensor):
+            raise TypeError(f"safecuda.torch.MoE: accumulate_into must be a torch tensor, "
+                            f"not {type(acc).__name__}")
+        if tuple(acc.shape) != tuple(shape) or not acc.is_contiguous():
+            what = "" if acc.is_contiguous() else " (not contiguous)"
+            raise ValueError(f"safecuda.torch.MoE: accumulate_into must be a contiguous "
+                             f"tensor of x's shape {list(shape)} (it is added to in place); "
+                             f"got {list(acc.shape)}{what}")
+        acc2 = acc.view(-1, shape[-1])
+        if eager:
+            _layer(self.layer_id).run_ex(x2, acc2, ids, weights, check_routing)
+        else:
+            torch.ops.safecuda.moe_accumulate(x2, self.layer_id, acc2, ids, weights,
+                                              check_routing)
+        return acc
+
+    def route(self, x: Tensor):
+        """The router's choice for x [..., H]: (expert ids int32 [T, k], weights float32
+        [T, k]), in slot order, the weights renormalized and scaled as forward uses them
+        (what forward(x, routing=...) takes back)."""
+        x2 = x.reshape(-1, x.shape[-1])
+        if not self.use_dispatcher and _plain_eager(x2):
+            return _layer(self.layer_id).route(x2)
+        return torch.ops.safecuda.moe_route(x2, self.layer_id)
+
+    def routing_check(self):
+        """Wait for torch's current stream and raise InvalidArgumentError (naming the
+        token, slot and id) when a forward with the caller's routing met an id >= E since
+        the last report (forwards with check_routing=True report at once)."""
+        layer = _layer(self.layer_id)
+        layer.routing_check(layer.device)
 
     def close(self):
         """Release the layer now (also done when the module is garbage-collected)."""
         self._finalizer()
 
     def extra_repr(self):
+        extra = ""
+        if self.n_group:
+            extra += f", n_group={self.n_group}, topk_group={self.topk_group}"
+        if self.routed_scaling:
+            extra += f", routed_scaling={self.routed_scaling:g}"
+        if self.activation != "silu":
+            extra += f", activation={self.activation}"
+        if self.w13_layout != "stacked":
+            extra += f", w13_layout={self.w13_layout}"
+        if self.shared_intermediate:
+            extra += f", shared_intermediate={self.shared_intermediate}"
         return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden}, "
                 f"intermediate={self.intermediate}, scoring={self.scoring}, "
-                f"renormalize={self.renormalize}, max_tokens={self.max_tokens}, "
+                f"renormalize={self.renormalize}{extra}, max_tokens={self.max_tokens}, "
                 f"layer_id={self.layer_id}")
 
 

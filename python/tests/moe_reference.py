@@ -1,50 +1,183 @@
-"""The MoE layer of include/safecuda/moe.h in float32 PyTorch, for the GPU tests."""
+"""The MoE layer of include/safecuda/moe.h in float32 PyTorch, for the GPU tests: every
+option of the v2 desc (grouped routing, routed scaling, router bias, the activations, the
+W13 layouts, biases, the shared expert and its gate), the caller's routing and the
+accumulation. The math is float32 throughout (no intermediate bf16 rounding): compare the
+layer's bf16 output with a bf16 tolerance (rel_l2)."""
+
+import math
+
+GELU_C = math.sqrt(2.0 / math.pi)
 
 
-def route(torch, x, router, top_k, scoring, renormalize, bias=None):
-    """(scores [T, E] f32, the top-k expert ids [T, k] by score + bias, ties to the lower
-    index)."""
+def _sel_scores(torch, x, router, scoring, bias=None, router_bias=None):
+    """(logits, scores, sel) [T, E] f32."""
     logits = x.float() @ router.float().t()
+    if router_bias is not None:
+        logits = logits + router_bias.float()
     scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     sel = scores + bias.float() if bias is not None else scores
+    return logits, scores, sel
+
+
+def _group_mask(torch, sel, n_group, topk_group):
+    """The experts of the topk_group best groups (a group scored by the sum of its two
+    best sel; ties to the lower group), as a bool mask [T, E]; None without groups."""
+    if not n_group:
+        return None
+    T, E = sel.shape
+    G = E // n_group
+    grouped = sel.view(T, n_group, G)
+    top2 = grouped.topk(min(2, G), dim=-1).values.sum(dim=-1)  # [T, n_group]
+    keep = torch.sort(top2, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+    gmask = torch.zeros_like(top2, dtype=torch.bool)
+    gmask.scatter_(1, keep, True)
+    return gmask.unsqueeze(-1).expand(T, n_group, G).reshape(T, E)
+
+
+def route(torch, x, router, top_k, scoring, renormalize, bias=None, *, router_bias=None,
+          n_group=0, topk_group=0, routed_scaling=0.0, with_weights=False):
+    """(scores [T, E] f32, the top-k expert ids [T, k] by score + bias within the kept
+    groups, ties to the lower index); with_weights=True adds the routing weights [T, k]
+    (the chosen scores, renormalized, times routed_scaling)."""
+    _, scores, sel = _sel_scores(torch, x, router, scoring, bias, router_bias)
+    mask = _group_mask(torch, sel, n_group, topk_group)
+    if mask is not None:
+        sel = sel.masked_fill(~mask, float("-inf"))
     # torch.topk does not promise the lower index on ties: sort stably instead.
     ids = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    return scores, ids
+    if not with_weights:
+        return scores, ids
+    return scores, ids, routing_weights(torch, scores, ids, renormalize, routed_scaling)
+
+
+def routing_weights(torch, scores, ids, renormalize, routed_scaling=0.0):
+    w = scores.gather(1, ids.long())
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w * (routed_scaling or 1.0)
+
+
+def split_w13(w, inter, layout):
+    """(gate rows, up rows) of a [.., 2 * inter, ..] W13 (or bias [.., 2 * inter]) in
+    layout "stacked" (gate rows first) or "interleaved" (gate, up, gate, up, ...), along
+    dimension -2 for a matrix, -1 for a bias (dim)."""
+    if layout == "interleaved":
+        return w[..., 0::2, :], w[..., 1::2, :]
+    return w[..., :inter, :], w[..., inter:, :]
+
+
+def split_bias(b, inter, layout):
+    if layout == "interleaved":
+        return b[..., 0::2], b[..., 1::2]
+    return b[..., :inter], b[..., inter:]
+
+
+def activate(torch, g, u, activation="silu", swiglu_alpha=None, swiglu_limit=None):
+    """h = act(g, u) in f32 (moe.h's sc_moe_activation)."""
+    if activation == "silu":
+        return torch.nn.functional.silu(g) * u
+    if activation == "gelu_tanh":
+        return 0.5 * g * (1.0 + torch.tanh(GELU_C * (g + 0.044715 * g * g * g))) * u
+    if activation == "swiglu_clamp":
+        alpha = swiglu_alpha or 1.702
+        limit = swiglu_limit or 7.0
+        g = g.clamp(max=limit)
+        u = u.clamp(min=-limit, max=limit)
+        return g * torch.sigmoid(alpha * g) * (u + 1.0)
+    raise ValueError(f"activation {activation!r}")
+
+
+def expert_mlp(torch, xf, w13, w2, inter, *, b13=None, b2=None, activation="silu",
+               swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked"):
+    """y = act(x Wg^T + bg, x Wu^T + bu) W2^T + b2 for one expert (f32)."""
+    wg, wu = split_w13(w13.float(), inter, w13_layout)
+    g = xf @ wg.t()
+    u = xf @ wu.t()
+    if b13 is not None:
+        bg, bu = split_bias(b13.float(), inter, w13_layout)
+        g, u = g + bg, u + bu
+    y = activate(torch, g, u, activation, swiglu_alpha, swiglu_limit) @ w2.float().t()
+    return y + b2.float() if b2 is not None else y
 
 
 def moe_reference(torch, x, router, w13, w2, top_k, scoring="softmax", renormalize=True,
-                  bias=None, ids=None):
-    """out [T, H] f32 (and the ids and weights used). ids: use this choice of experts (the
-    tested layer's) instead of the reference's own, where near-ties could order them
-    differently."""
-    scores, own = route(torch, x, router, top_k, scoring, renormalize, bias)
-    if ids is None:
-        ids = own
-    ids = ids.long()
-    w = scores.gather(1, ids)
-    if renormalize:
-        w = w / w.sum(dim=-1, keepdim=True)
+                  bias=None, ids=None, *, weights=None, router_bias=None, n_group=0,
+                  topk_group=0, routed_scaling=0.0, activation="silu", swiglu_alpha=None,
+                  swiglu_limit=None, w13_layout="stacked", w13_bias=None, w2_bias=None,
+                  shared_w13=None, shared_w2=None, shared_gate=None, accumulate=None):
+    """out [T, H] f32 (and the ids and weights used).
+
+    ids: use this choice of experts (the tested layer's) instead of the reference's own,
+    where near-ties could order them differently; the weights are then the reference's
+    scores of those experts (renormalized, scaled). ids and weights together: the
+    caller's routing, used as given (an id < 0 is a padded slot, an id >= E is skipped).
+    accumulate: a [T, H] tensor the output is added to."""
+    E = router.shape[0]
+    if weights is not None:
+        if ids is None:
+            raise ValueError("weights without ids")
+        ids = ids.long()
+        w = weights.float()
+    else:
+        scores, own = route(torch, x, router, top_k, scoring, renormalize, bias,
+                            router_bias=router_bias, n_group=n_group, topk_group=topk_group)
+        if ids is None:
+            ids = own
+        ids = ids.long()
+        w = routing_weights(torch, scores, ids, renormalize, routed_scaling)
     xf = x.float()
     out = torch.zeros_like(xf)
     I_ = w2.shape[2]
     for e in torch.unique(ids).tolist():
+        if e < 0 or e >= E:
+            continue  # a padded slot, or a bad id the layer skips
         tok, slot = torch.where(ids == e)
-        h = xf[tok] @ w13[e].float().t()
-        g, u = h[:, :I_], h[:, I_:]
-        y = (torch.nn.functional.silu(g) * u) @ w2[e].float().t()
+        y = expert_mlp(torch, xf[tok], w13[e], w2[e], I_,
+                       b13=None if w13_bias is None else w13_bias[e],
+                       b2=None if w2_bias is None else w2_bias[e], activation=activation,
+                       swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+                       w13_layout=w13_layout)
         out.index_add_(0, tok, y * w[tok, slot, None])
+    if shared_w13 is not None:
+        I_s = shared_w2.shape[1]
+        ys = expert_mlp(torch, xf, shared_w13, shared_w2, I_s, activation=activation,
+                        swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+                        w13_layout=w13_layout)
+        if shared_gate is not None:
+            ys = ys * torch.sigmoid(xf @ shared_gate.float().reshape(-1, 1))
+        out = out + ys
+    if accumulate is not None:
+        out = out + accumulate.float()
     return out, ids, w
 
 
-def selection_margin(torch, x, router, top_k, scoring, bias=None):
-    """Per token, the gap between the k-th and (k+1)-th selection score (inf when k = E):
-    where it is tiny, two correct implementations may choose differently."""
-    scores, _ = route(torch, x, router, top_k, scoring, True, bias)
-    sel = scores + bias.float() if bias is not None else scores
-    if top_k >= sel.shape[1]:
-        return torch.full((sel.shape[0],), float("inf"), device=sel.device)
-    s = torch.sort(sel, dim=-1, descending=True).values
-    return s[:, top_k - 1] - s[:, top_k]
+def selection_margin(torch, x, router, top_k, scoring, bias=None, *, router_bias=None,
+                     n_group=0, topk_group=0):
+    """Per token, the smallest gap on which the choice turns (inf where none): between the
+    k-th and (k+1)-th selection score among the allowed experts, and with groups between
+    the topk_group-th and the next group score. Where it is tiny, two correct
+    implementations may choose differently. The gaps are in logits for softmax without a
+    selection bias or groups (the scores there are ~1/E: their gaps say little), else in
+    selection scores."""
+    logits, _, sel = _sel_scores(torch, x, router, scoring, bias, router_bias)
+    if scoring == "softmax" and bias is None and not n_group:
+        sel = logits  # the same order as the scores'
+    T, E = sel.shape
+    inf = torch.full((T,), float("inf"), device=sel.device)
+    margin = inf
+    mask = _group_mask(torch, sel, n_group, topk_group)
+    if mask is not None and topk_group < n_group:
+        G = E // n_group
+        top2 = sel.view(T, n_group, G).topk(min(2, G), dim=-1).values.sum(dim=-1)
+        g = torch.sort(top2, dim=-1, descending=True).values
+        margin = torch.minimum(margin, g[:, topk_group - 1] - g[:, topk_group])
+    if mask is not None:
+        sel = sel.masked_fill(~mask, float("-inf"))
+    allowed = E if mask is None else int(mask[0].sum().item())
+    if top_k < allowed:
+        s = torch.sort(sel, dim=-1, descending=True).values
+        margin = torch.minimum(margin, s[:, top_k - 1] - s[:, top_k])
+    return margin
 
 
 def rel_l2(a, b):

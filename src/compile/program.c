@@ -265,8 +265,10 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
         goto fail_ctx;
     }
     /* cubin for the exact architecture when NVRTC knows it; PTX otherwise (JIT-compiled by
-     * the driver for the device). */
-    bool want_ptx = desc->ptx || target != arch || !sci_nvrtc_has_cubin();
+     * the driver for the device), and for a context of the test device (which reads the
+     * kernels' parameters from PTX). */
+    bool want_ptx = desc->ptx || target != arch || !sci_nvrtc_has_cubin() ||
+                    (ctx.id && sci_driver_ptx_only());
     char arch_opt[48], arch_text[32];
     const char *suffix = desc->arch_specific ? "a" : "";
     snprintf(arch_opt, sizeof arch_opt, "-arch=%s_%d%s", want_ptx ? "compute" : "sm", target,

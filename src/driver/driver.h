@@ -28,6 +28,9 @@ bool sci_driver_has_param_info(void);
 bool sci_driver_has_tensor_maps(void);
 /* cuLaunchKernelEx is there (CUDA 12.0+ drivers). */
 bool sci_driver_has_launch_ex(void);
+/* The driver is safecuda's test device, which loads modules from PTX text only: programs
+ * compiled for its contexts are PTX. */
+bool sci_driver_ptx_only(void);
 
 sc_status sci_nvrtc_load(void);
 const char *sci_nvrtc_load_message(void);

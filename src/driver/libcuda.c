@@ -129,6 +129,8 @@ static bool open_test_device(char *tried, size_t size)
     return try_open(TESTDEVICE_NAME, tried, size);
 }
 
+static bool ptx_only; /* the loaded driver is safecuda's test device */
+
 static void load(void)
 {
     /* SAFECUDA_DEVICE: unset, empty or "cuda" for the NVIDIA driver, "test" for the test
@@ -234,6 +236,8 @@ static void load(void)
         }
         *(void **)((char *)&sci_cu_table + e->offset) = fn;
     }
+    /* The test device (testdevice/) exports its counters; it loads modules from PTX only. */
+    ptx_only = dlsym(handle, "safecuda_testdevice_misuse_count") != NULL;
     load_status = SC_OK;
     snprintf(load_message, sizeof load_message, "loaded %s (CUDA %d.%d)", library_path,
              cuda_version / 1000, (cuda_version % 1000) / 10);
@@ -252,6 +256,7 @@ bool sci_driver_has_devices(void) { return has_devices; }
 bool sci_driver_has_param_info(void) { return sci_cu_table.cuFuncGetParamInfo != NULL; }
 bool sci_driver_has_tensor_maps(void) { return sci_cu_table.cuTensorMapEncodeTiled != NULL; }
 bool sci_driver_has_launch_ex(void) { return sci_cu_table.cuLaunchKernelEx != NULL; }
+bool sci_driver_ptx_only(void) { return ptx_only; }
 
 /* ---- error names ----------------------------------------------------------------------- */
 

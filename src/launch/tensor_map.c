@@ -38,6 +38,7 @@ sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc, sc_
     const sc_device_props *p = &b->ctx->props;
     const uint64_t span[] = {0, 32, 64, 128};
     uint64_t elems = 0;
+    const uint64_t stride = desc->row_stride ? desc->row_stride : desc->cols;
     char d[200];
     if (p->cc_major < 9) {
         s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "tensor maps need sm_90 or newer; device %d is "
@@ -47,12 +48,28 @@ sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc, sc_
                      "(CUDA 12.0 or newer is needed)");
     } else if ((unsigned)desc->swizzle > SC_SWIZZLE_128B) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "swizzle = %d", (int)desc->swizzle);
-    } else if (desc->rows == 0 || desc->cols == 0 || !sci_mul_ok(desc->rows, desc->cols, &elems) ||
-               elems != v.count) {
+    } else if (desc->row_stride && (desc->row_stride < desc->cols ||
+                                    desc->row_stride > 0xffffffffull ||
+                                    (desc->row_stride * es) % 16)) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                     "rows %llu x cols %llu must equal the view's %llu elements (%s)",
-                     (unsigned long long)desc->rows, (unsigned long long)desc->cols,
-                     (unsigned long long)v.count, sci_buffer_describe(b, d, sizeof d));
+                     "row_stride %llu: at least cols = %llu, below 2^32 and a multiple of 16 "
+                     "bytes (of %s)",
+                     (unsigned long long)desc->row_stride, (unsigned long long)desc->cols,
+                     sc_dtype_name(b->dtype));
+    } else if (desc->rows == 0 || desc->cols == 0 ||
+               !sci_mul_ok(desc->rows - 1, stride, &elems) || elems + desc->cols != v.count) {
+        if (desc->row_stride)
+            s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                         "(rows %llu - 1) x row_stride %llu + cols %llu must equal the view's "
+                         "%llu elements (%s)",
+                         (unsigned long long)desc->rows, (unsigned long long)desc->row_stride,
+                         (unsigned long long)desc->cols, (unsigned long long)v.count,
+                         sci_buffer_describe(b, d, sizeof d));
+        else
+            s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                         "rows %llu x cols %llu must equal the view's %llu elements (%s)",
+                         (unsigned long long)desc->rows, (unsigned long long)desc->cols,
+                         (unsigned long long)v.count, sci_buffer_describe(b, d, sizeof d));
     } else if (desc->rows > 0xffffffffull || desc->cols > 0xffffffffull ||
                (desc->cols * es) % 16 || desc->cols * es >= (1ull << 40)) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
@@ -78,7 +95,7 @@ sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc, sc_
         s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s", sc_dtype_name(b->dtype));
     } else if ((s = sci_context_enter(b->ctx, fn)) == SC_OK) {
         const cuuint64_t dims[2] = {desc->cols, desc->rows};
-        const cuuint64_t strides[1] = {desc->cols * es};
+        const cuuint64_t strides[1] = {stride * es};
         const cuuint32_t box[2] = {desc->box_cols, desc->box_rows};
         const cuuint32_t estrides[2] = {1, 1};
         CUtensorMap tm;

@@ -12,18 +12,30 @@
 #include "safecuda/moe.h"
 #include "stream/capture.h"
 
+/* The layer's weights, each a checked view (a whole buffer or a part of one); absent
+ * optional ones have no buffer. */
+typedef enum sci_moe_weight {
+    SCI_MOE_WT_ROUTER, SCI_MOE_WT_W13, SCI_MOE_WT_W2, SCI_MOE_WT_SEL_BIAS, SCI_MOE_WT_ROUTER_BIAS,
+    SCI_MOE_WT_W13_BIAS, SCI_MOE_WT_W2_BIAS, SCI_MOE_WT_SHARED_W13, SCI_MOE_WT_SHARED_W2,
+    SCI_MOE_WT_SHARED_GATE,
+    SCI_MOE_WT_COUNT
+} sci_moe_weight;
+
 typedef struct sci_moe {
     sci_object obj;
     sci_context *ctx;
     sc_moe_desc desc;
     sci_moe_config cfg; /* what the plans depend on: shape, backend, device, tuning */
+    sc_view wt[SCI_MOE_WT_COUNT];
     sc_kernel kernels[SCI_MOE_K_COUNT];
+    sc_buffer fault;      /* u32 [4]: bad caller routing ids seen, the first's token, slot, id */
     pthread_mutex_t lock; /* the workspace */
     uint64_t capacity;    /* tokens */
     sc_buffer ws[SCI_MOE_W_COUNT];
-    /* SM90: maps of the weights (made once) and of x_perm and h (made with the workspace),
-     * one per tile shape. */
-    sc_tensor_map w13_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
+    /* SM90: maps of the weights (made once: W13's gate and up rows, W2, and the shared
+     * expert's) and of x_perm and h (made with the workspace), one per tile shape. */
+    sc_tensor_map g_map[SCI_MOE_N_TILES], u_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
+    sc_tensor_map sg_map[SCI_MOE_N_TILES], su_map[SCI_MOE_N_TILES], sw2_map[SCI_MOE_N_TILES];
     sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
 } sci_moe;
 
@@ -32,8 +44,9 @@ static sc_status moe_destroy(uint64_t id, const char *fn);
 static void describe_moe(const sci_object *obj, sc_object_info *info)
 {
     const sci_moe *m = (const sci_moe *)obj;
-    snprintf(info->detail, sizeof info->detail, "E=%d k=%d H=%d I=%d, workspace for %llu tokens",
-             m->desc.experts, m->desc.top_k, m->desc.hidden, m->desc.intermediate,
+    snprintf(info->detail, sizeof info->detail,
+             "E=%d k=%d H=%d I=%d shared %d, workspace for %llu tokens", m->desc.experts,
+             m->desc.top_k, m->desc.hidden, m->desc.intermediate, m->desc.shared_intermediate,
              (unsigned long long)m->capacity);
 }
 
@@ -77,16 +90,25 @@ static void free_workspace_quietly(sci_moe *m, const char *fn)
     sci_error_restore(message);
 }
 
-/* A tensor map of a bf16 [rows, cols] buffer in boxes of box_rows x 64 (128-byte rows, the
- * 128-byte swizzle), as the SM90 kernels read A and B tiles. */
+/* A tensor map of rows x cols bf16 at element `offset` of view v, rows `stride` elements
+ * apart (0: cols), in boxes of box_rows x 64 (128-byte rows, the 128-byte swizzle), as the
+ * SM90 kernels read A and B tiles. */
+static sc_status encode_map_at(sc_view v, uint64_t offset, uint64_t rows, uint64_t cols,
+                               uint64_t stride, uint32_t box_rows, sc_tensor_map *map)
+{
+    const uint64_t span = (rows - 1) * (stride ? stride : cols) + cols;
+    return sc_tensor_map_encode((sc_view){v.buffer, v.offset + offset, span},
+                                &(sc_tensor_map_desc){.rows = rows, .cols = cols,
+                                                      .box_rows = box_rows, .box_cols = 64,
+                                                      .swizzle = SC_SWIZZLE_128B,
+                                                      .row_stride = stride},
+                                map);
+}
+
 static sc_status encode_map(sc_buffer b, uint64_t rows, uint64_t cols, uint32_t box_rows,
                             sc_tensor_map *map)
 {
-    return sc_tensor_map_encode(sc_view_of(b),
-                                &(sc_tensor_map_desc){.rows = rows, .cols = cols,
-                                                      .box_rows = box_rows, .box_cols = 64,
-                                                      .swizzle = SC_SWIZZLE_128B},
-                                map);
+    return encode_map_at(sc_view_of(b), 0, rows, cols, 0, box_rows, map);
 }
 
 /* (Re)allocate the workspace for `tokens` tokens on stream (stream-ordered). */
@@ -117,7 +139,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         sci_buffer_set_internal(m->ws[i]);
     }
     if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
-        const uint64_t rows = tokens * (uint64_t)m->cfg.top_k;
+        const uint64_t rows = tokens * (uint64_t)m->cfg.slots;
         const uint64_t H = (uint64_t)m->cfg.hidden, I = (uint64_t)m->cfg.intermediate;
         for (int t = 0; t < SCI_MOE_N_TILES; t++) {
             const uint32_t a_box = (uint32_t)sci_moe_tiles[t].a_box;
@@ -136,58 +158,130 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
     return SC_OK;
 }
 
-/* Check a weight buffer's dtype and element count. */
-static sc_status check_weight(sc_buffer b, const char *what, sc_dtype dtype, uint64_t count,
-                              const char *shape, sci_context *c, const char *fn)
+/* Resolve weight `what`, given as a whole buffer b or a view v (one or the other; neither
+ * when !required: absent), and check its context, dtype, element count and alignment. */
+static sc_status check_weight(sc_buffer b, sc_view v, const char *what, const char *view_name,
+                              bool required, sc_dtype dtype, uint64_t count, const char *shape,
+                              sci_context *c, const char *fn, sc_view *out)
 {
+    *out = (sc_view){{0}, 0, 0};
+    if (b.id && v.buffer.id)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s and desc->%s are both given: "
+                        "the weight is one or the other", what, view_name);
+    if (!b.id && !v.buffer.id) {
+        if (required)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s%s%s%s is missing", what,
+                            view_name ? " (or desc->" : "", view_name ? view_name : "",
+                            view_name ? ")" : "");
+        return SC_OK;
+    }
+    const char *name = b.id || !view_name ? what : view_name;
+    if (b.id)
+        v = sc_view_of(b);
     sc_buffer_props p;
-    sc_status s = sc_buffer_info(b, &p);
+    sc_view r;
+    sc_status s = sc_buffer_info(v.buffer, &p);
+    if (s == SC_OK)
+        s = sc_buffer_view(v.buffer, v.offset, v.count, &r);
     if (s != SC_OK) {
-        sci_error_append(" (desc->%s)", what);
+        sci_error_append(" (desc->%s)", name);
         return s;
     }
     if (p.context.id != c->obj.id)
         return sci_fail(SC_ERR_WRONG_CONTEXT, fn, "desc->%s (buffer '%s') belongs to another "
-                        "context", what, p.label);
+                        "context", name, p.label);
     if (p.dtype != dtype)
         return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "desc->%s (buffer '%s', created at %s:%d) is "
                         "%s; the layer needs %s",
-                        what, p.label, p.file, p.line, sc_dtype_name(p.dtype),
+                        name, p.label, p.file, p.line, sc_dtype_name(p.dtype),
                         sc_dtype_name(dtype));
-    if (p.count != count)
+    if (r.count != count)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "desc->%s (buffer '%s', created at %s:%d) has %llu elements; %s needs "
+                        "desc->%s (buffer '%s', created at %s:%d%s) has %llu elements; %s needs "
                         "%llu",
-                        what, p.label, p.file, p.line, (unsigned long long)p.count, shape,
+                        name, p.label, p.file, p.line, b.id ? "" : ", a view", (unsigned long long)r.count, shape,
                         (unsigned long long)count);
+    if ((r.offset * sc_dtype_size(dtype)) % 16)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "desc->%s starts at element %llu of buffer '%s' (created at %s:%d): the "
+                        "kernels need a 16-byte aligned start", name,
+                        (unsigned long long)r.offset, p.label, p.file, p.line);
+    *out = r;
     return SC_OK;
 }
 
-/* Check the layer's shape and options (the dtype defaulted to bf16). */
+/* Check the layer's shape and options (defaults filled in: dtype bf16, routed scaling 1,
+ * gpt-oss's activation constants). */
 static sc_status check_desc(sc_moe_desc *d, const char *fn)
 {
     if (d->dtype == SC_DTYPE_INVALID)
         d->dtype = SC_BF16;
     if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "backend = %d", (int)d->backend);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->backend = %d", (int)d->backend);
     const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
     if (d->dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
                         sc_dtype_name(d->dtype));
     if (E < 1 || E > SC_MOE_MAX_EXPERTS)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "experts = %d (1 .. %d)", E,
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->experts = %d (1 .. %d)", E,
                         SC_MOE_MAX_EXPERTS);
     if (k < 1 || k > E || k > SC_MOE_MAX_TOPK)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "top_k = %d: it must be 1 .. min(experts "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->top_k = %d: it must be 1 .. min(experts "
                         "= %d, %d)", k, E, SC_MOE_MAX_TOPK);
     if (H <= 0 || H % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "hidden = %d: the kernels need a positive "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->hidden = %d: the kernels need a positive "
                         "multiple of %d", H, SC_MOE_ALIGN);
     if (I <= 0 || I % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "intermediate = %d: the kernels need a "
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->intermediate = %d: the kernels need a "
                         "positive multiple of %d", I, SC_MOE_ALIGN);
     if (d->scoring != SC_MOE_SOFTMAX && d->scoring != SC_MOE_SIGMOID)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "scoring = %d", (int)d->scoring);
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->scoring = %d", (int)d->scoring);
+    if (d->n_group || d->topk_group) {
+        if (d->n_group < 1 || d->n_group > 32 || E % d->n_group || E / d->n_group < 2)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "desc->n_group = %d: it must be 1 .. 32 and divide desc->experts = %d into "
+                            "groups of 2 or more (a group is scored by its two best experts)",
+                            d->n_group, E);
+        if (d->topk_group < 1 || d->topk_group > d->n_group)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->topk_group = %d: it must be 1 .. "
+                            "desc->n_group = %d", d->topk_group, d->n_group);
+        if (k > d->topk_group * (E / d->n_group))
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "desc->top_k = %d is more than the %d experts of desc->topk_group = %d groups of "
+                            "%d", k, d->topk_group * (E / d->n_group), d->topk_group,
+                            E / d->n_group);
+    }
+    if (!(d->routed_scaling >= 0.f) || d->routed_scaling > 1e30f)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->routed_scaling = %g: it must be finite and "
+                        ">= 0 (0 means 1)", (double)d->routed_scaling);
+    if (d->routed_scaling == 0.f)
+        d->routed_scaling = 1.f;
+    if ((unsigned)d->activation > SC_MOE_SWIGLU_CLAMP)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->activation = %d", (int)d->activation);
+    if (d->activation != SC_MOE_SWIGLU_CLAMP && (d->swiglu_alpha != 0.f || d->swiglu_limit != 0.f))
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "desc->swiglu_alpha = %g, desc->swiglu_limit = %g: they are SC_MOE_SWIGLU_CLAMP's "
+                        "constants, and the activation is %d", (double)d->swiglu_alpha,
+                        (double)d->swiglu_limit, (int)d->activation);
+    if (d->activation == SC_MOE_SWIGLU_CLAMP) {
+        if (d->swiglu_alpha == 0.f)
+            d->swiglu_alpha = 1.702f;
+        if (d->swiglu_limit == 0.f)
+            d->swiglu_limit = 7.f;
+        if (!(d->swiglu_alpha > 0.f) || d->swiglu_alpha > 1e30f)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_alpha = %g: it must be finite "
+                            "and > 0", (double)d->swiglu_alpha);
+        if (!(d->swiglu_limit > 0.f) || d->swiglu_limit > 1e30f)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_limit = %g: it must be finite "
+                            "and > 0", (double)d->swiglu_limit);
+    }
+    if ((unsigned)d->w13_layout > SC_MOE_W13_INTERLEAVED)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->w13_layout = %d", (int)d->w13_layout);
+    const int Is = d->shared_intermediate;
+    if (Is < 0 || Is % I || Is / I > SC_MOE_MAX_SHARED)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "desc->shared_intermediate = %d: it must be 0 or a multiple of intermediate = "
+                        "%d, at most %d of it", Is, I, SC_MOE_MAX_SHARED);
     return SC_OK;
 }
 
@@ -209,26 +303,57 @@ static sc_status resolve_backend(sc_moe_desc *d, const sci_context *c, const cha
     return SC_OK;
 }
 
-/* The weights' dtypes and element counts. */
-static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char *fn)
+/* The weights: each resolved to a view and checked (dtype, element count, alignment). */
+static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char *fn,
+                               sc_view wt[SCI_MOE_WT_COUNT])
 {
-    const int E = d->experts, H = d->hidden, I = d->intermediate;
-    char shape[96];
-    snprintf(shape, sizeof shape, "[E=%d, H=%d]", E, H);
-    sc_status s = check_weight(d->router, "router", SC_BF16, (uint64_t)E * H, shape, c, fn);
-    if (s == SC_OK) {
-        snprintf(shape, sizeof shape, "[E=%d, 2I=%d, H=%d]", E, 2 * I, H);
-        s = check_weight(d->w13, "w13", SC_BF16, (uint64_t)E * 2 * I * H, shape, c, fn);
+    const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
+    const uint64_t I = (uint64_t)d->intermediate, Is = (uint64_t)d->shared_intermediate;
+    const sc_view none = {{0}, 0, 0};
+    const sc_buffer nob = {0};
+    const struct {
+        sc_buffer b;
+        sc_view v;
+        const char *name, *view_name;
+        bool required;
+        sc_dtype dtype;
+        uint64_t count;
+    } w[SCI_MOE_WT_COUNT] = {
+        [SCI_MOE_WT_ROUTER] = {d->router, d->router_view, "router", "router_view", true, SC_BF16,
+                               E * H},
+        [SCI_MOE_WT_W13] = {d->w13, d->w13_view, "w13", "w13_view", true, SC_BF16, E * 2 * I * H},
+        [SCI_MOE_WT_W2] = {d->w2, d->w2_view, "w2", "w2_view", true, SC_BF16, E * H * I},
+        [SCI_MOE_WT_SEL_BIAS] = {d->selection_bias, d->selection_bias_view, "selection_bias",
+                                 "selection_bias_view", false, SC_F32, E},
+        [SCI_MOE_WT_ROUTER_BIAS] = {nob, d->router_bias, "router_bias", NULL, false, SC_F32, E},
+        [SCI_MOE_WT_W13_BIAS] = {nob, d->w13_bias, "w13_bias", NULL, false, SC_F32, E * 2 * I},
+        [SCI_MOE_WT_W2_BIAS] = {nob, d->w2_bias, "w2_bias", NULL, false, SC_F32, E * H},
+        [SCI_MOE_WT_SHARED_W13] = {nob, Is ? d->shared_w13 : none, "shared_w13", NULL, Is > 0,
+                                   SC_BF16, 2 * Is * H},
+        [SCI_MOE_WT_SHARED_W2] = {nob, Is ? d->shared_w2 : none, "shared_w2", NULL, Is > 0,
+                                  SC_BF16, H * Is},
+        [SCI_MOE_WT_SHARED_GATE] = {nob, Is ? d->shared_gate : none, "shared_gate", NULL, false,
+                                    SC_BF16, H},
+    };
+    if (!Is && (d->shared_w13.buffer.id || d->shared_w2.buffer.id || d->shared_gate.buffer.id))
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->shared_w13 / shared_w2 / shared_gate "
+                        "are given but shared_intermediate = 0");
+    static const char *const shapes[SCI_MOE_WT_COUNT] = {
+        "[E=%llu, H=%llu]", "[E=%llu, 2I=%llu, H=%llu]", "[E=%llu, H=%llu, I=%llu]", "[E=%llu]",
+        "[E=%llu]", "[E=%llu, 2I=%llu]", "[E=%llu, H=%llu]", "[2 I_s=%llu, H=%llu]",
+        "[H=%llu, I_s=%llu]", "[H=%llu]"};
+    const unsigned long long dims[SCI_MOE_WT_COUNT][3] = {
+        {E, H, 0}, {E, 2 * I, H}, {E, H, I}, {E, 0, 0}, {E, 0, 0}, {E, 2 * I, 0}, {E, H, 0},
+        {2 * Is, H, 0}, {H, Is, 0}, {H, 0, 0}};
+    for (int i = 0; i < SCI_MOE_WT_COUNT; i++) {
+        char shape[96];
+        snprintf(shape, sizeof shape, shapes[i], dims[i][0], dims[i][1], dims[i][2]);
+        sc_status s = check_weight(w[i].b, w[i].v, w[i].name, w[i].view_name, w[i].required,
+                                   w[i].dtype, w[i].count, shape, c, fn, &wt[i]);
+        if (s != SC_OK)
+            return s;
     }
-    if (s == SC_OK) {
-        snprintf(shape, sizeof shape, "[E=%d, H=%d, I=%d]", E, H, I);
-        s = check_weight(d->w2, "w2", SC_BF16, (uint64_t)E * H * I, shape, c, fn);
-    }
-    if (s == SC_OK && d->selection_bias.id) {
-        snprintf(shape, sizeof shape, "[E=%d]", E);
-        s = check_weight(d->selection_bias, "selection_bias", SC_F32, (uint64_t)E, shape, c, fn);
-    }
-    return s;
+    return SC_OK;
 }
 
 /* What the plans depend on: the layer's shape and backend, the device, and the tuning
@@ -236,9 +361,12 @@ static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char 
  * SAFECUDA_MOE_PDL=0 (no programmatic launches) and SAFECUDA_MOE_GROUP_M=n (1 .. 1024). */
 static sci_moe_config layer_config(const sc_moe_desc *d, const sci_context *c)
 {
+    const int S = d->shared_intermediate / d->intermediate;
     sci_moe_config cfg = {.experts = d->experts, .top_k = d->top_k, .hidden = d->hidden,
-                          .intermediate = d->intermediate, .backend = d->backend,
-                          .sm_count = c->props.sm_count};
+                          .intermediate = d->intermediate, .shared = S,
+                          .groups = d->experts + S, .slots = d->top_k + S,
+                          .logit_cols = d->experts + (d->shared_gate.buffer.id != 0),
+                          .backend = d->backend, .sm_count = c->props.sm_count};
     cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
     const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
     cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
@@ -247,6 +375,52 @@ static sci_moe_config layer_config(const sc_moe_desc *d, const sci_context *c)
     if (cfg.group_override < 0 || cfg.group_override > 1024)
         cfg.group_override = 0;
     return cfg;
+}
+
+/* SM90: the tensor maps of the weights, one set per tile shape. W13's gate rows and up rows
+ * are read through two maps, rows_per_expert (2I stacked, I interleaved) apart per routed
+ * expert: stacked, the up map starts I rows later; interleaved, both skip every other row
+ * (a row stride of 2H) and the up map starts one row later. The shared expert's W13 alike
+ * (chunk s at row s I of both), its W2 [H, S I] as one map (chunk s at column s I). */
+static sc_status encode_weight_maps(sci_moe *m)
+{
+    const uint64_t E = (uint64_t)m->cfg.experts, H = (uint64_t)m->cfg.hidden;
+    const uint64_t I = (uint64_t)m->cfg.intermediate, Is = (uint64_t)m->cfg.shared * I;
+    const bool il = m->desc.w13_layout == SC_MOE_W13_INTERLEAVED;
+    const sc_view w13 = m->wt[SCI_MOE_WT_W13], sw13 = m->wt[SCI_MOE_WT_SHARED_W13];
+    sc_status s = SC_OK;
+    for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK; t++) {
+        const uint32_t bn = (uint32_t)sci_moe_tiles[t].bn;
+        if (il) {
+            s = encode_map_at(w13, 0, E * I, H, 2 * H, bn / 2, &m->g_map[t]);
+            if (s == SC_OK)
+                s = encode_map_at(w13, H, E * I, H, 2 * H, bn / 2, &m->u_map[t]);
+        } else {
+            s = encode_map_at(w13, 0, E * 2 * I - I, H, 0, bn / 2, &m->g_map[t]);
+            if (s == SC_OK)
+                s = encode_map_at(w13, I * H, E * 2 * I - I, H, 0, bn / 2, &m->u_map[t]);
+        }
+        if (s == SC_OK)
+            s = encode_map_at(m->wt[SCI_MOE_WT_W2], 0, E * H, I, 0, bn, &m->w2_map[t]);
+        if (s == SC_OK && Is) {
+            if (il) {
+                s = encode_map_at(sw13, 0, Is, H, 2 * H, bn / 2, &m->sg_map[t]);
+                if (s == SC_OK)
+                    s = encode_map_at(sw13, H, Is, H, 2 * H, bn / 2, &m->su_map[t]);
+            } else {
+                s = encode_map_at(sw13, 0, Is, H, 0, bn / 2, &m->sg_map[t]);
+                if (s == SC_OK)
+                    s = encode_map_at(sw13, Is * H, Is, H, 0, bn / 2, &m->su_map[t]);
+            }
+            if (s == SC_OK)
+                s = encode_map_at(m->wt[SCI_MOE_WT_SHARED_W2], 0, H, Is, 0, bn, &m->sw2_map[t]);
+        } else if (s == SC_OK) { /* never read: the kernels take four maps either way */
+            m->sg_map[t] = m->g_map[t];
+            m->su_map[t] = m->u_map[t];
+            m->sw2_map[t] = m->w2_map[t];
+        }
+    }
+    return s;
 }
 
 /* The backend's kernels, and on SM90 the tensor maps of the weights, one per tile shape. */
@@ -261,16 +435,8 @@ static sc_status load_kernels(sci_moe *m, const char *fn)
         if (s == SC_OK && ki->smem > 48 * 1024)
             s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
     }
-    const sc_moe_desc *d = &m->desc;
-    const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
-    const uint64_t I = (uint64_t)d->intermediate;
-    for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90;
-         t++) {
-        const uint32_t bn = (uint32_t)sci_moe_tiles[t].bn;
-        s = encode_map(d->w13, E * 2 * I, H, bn / 2, &m->w13_map[t]);
-        if (s == SC_OK)
-            s = encode_map(d->w2, E * H, I, bn, &m->w2_map[t]);
-    }
+    if (s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90)
+        s = encode_weight_maps(m);
     return s;
 }
 
@@ -289,8 +455,9 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
         return s;
     s = resolve_backend(&d, c, fn);
+    sc_view wt[SCI_MOE_WT_COUNT];
     if (s == SC_OK)
-        s = check_weights(&d, c, fn);
+        s = check_weights(&d, c, fn, wt);
     sci_moe *m = NULL;
     if (s == SC_OK && !(m = calloc(1, sizeof *m)))
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -301,15 +468,27 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->ctx = c;
     m->desc = d;
     m->desc.label = NULL;
+    memcpy(m->wt, wt, sizeof wt);
     m->cfg = layer_config(&d, c);
     pthread_mutex_init(&m->lock, NULL);
     s = load_kernels(m, fn);
+    if (s == SC_OK &&
+        (s = sc_buffer_create_at(ctx, &(sc_buffer_desc){.dtype = SC_U32, .count = 4,
+                                                        .label = "moe routing faults",
+                                                        .zero = true},
+                                 &m->fault, __FILE__, __LINE__)) == SC_OK)
+        sci_buffer_set_internal(m->fault);
     if (s == SC_OK)
         s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
     if (s == SC_OK)
         s = sci_registry_insert(&m->obj, SCI_KIND_MOE, c->obj.id, d.label, file, line, fn);
     if (s != SC_OK) {
         free_workspace_quietly(m, fn);
+        if (m->fault.id) {
+            char *message = sci_error_save();
+            sci_buffer_destroy(m->fault.id, fn);
+            sci_error_restore(message);
+        }
         pthread_mutex_destroy(&m->lock);
         free(m);
     } else {
@@ -327,6 +506,11 @@ static sc_status moe_destroy(uint64_t id, const char *fn)
         return s;
     sci_moe *m = (sci_moe *)obj;
     s = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
+    if (m->fault.id) {
+        sc_status f = sci_buffer_destroy(m->fault.id, fn);
+        if (s == SC_OK)
+            s = f;
+    }
     pthread_mutex_destroy(&m->lock);
     free(m);
     return s;
@@ -365,8 +549,6 @@ sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
     sci_registry_release(obj);
     return SC_OK;
 }
-
-static sc_view whole(sc_buffer b) { return sc_view_of(b); }
 
 /* The steps of a forward, timed when a profile is asked for: an event before each step and
  * one after the last. */
@@ -416,38 +598,31 @@ static sc_status steps_finish(steps *st, sc_status s)
     return s;
 }
 
-/* Check x and out: bf16, the same shape [T, H], 16-byte aligned rows, not overlapping, T
- * within what one forward takes. Their views (with SC_WHOLE resolved) and T come back. */
-static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
-                          sc_view *xv, sc_view *ov, uint64_t *T)
+/* Check x: bf16, [T, H], 16-byte aligned rows, T within what one forward takes. Its view
+ * (with SC_WHOLE resolved) and T come back. */
+static sc_status check_x(const sci_moe *m, sc_view x, const char *fn, sc_view *xv, uint64_t *T)
 {
     const int H = m->desc.hidden;
-    sc_buffer_props xp, op;
+    sc_buffer_props xp;
     sc_status s;
     if ((s = sc_buffer_view(x.buffer, x.offset, x.count, xv)) != SC_OK ||
-        (s = sc_buffer_view(out.buffer, out.offset, out.count, ov)) != SC_OK ||
-        (s = sc_buffer_info(x.buffer, &xp)) != SC_OK ||
-        (s = sc_buffer_info(out.buffer, &op)) != SC_OK ||
-        (s = sci_buffer_check_writable(out.buffer, fn, "out")) != SC_OK)
+        (s = sc_buffer_info(x.buffer, &xp)) != SC_OK)
         return s;
-    if (xp.dtype != SC_BF16 || op.dtype != SC_BF16)
-        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "x is %s and out is %s; both must be bf16",
-                        sc_dtype_name(xp.dtype), sc_dtype_name(op.dtype));
-    if (xv->count == 0 || xv->count % (uint64_t)H || ov->count != xv->count)
+    if (xp.context.id != m->ctx->obj.id)
+        return sci_fail(SC_ERR_WRONG_CONTEXT, fn, "x (buffer '%s', created at %s:%d) belongs to "
+                        "another context than the layer", xp.label, xp.file, xp.line);
+    if (xp.dtype != SC_BF16)
+        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "x is %s; it must be bf16",
+                        sc_dtype_name(xp.dtype));
+    if (xv->count == 0 || xv->count % (uint64_t)H)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "x has %llu elements and out %llu: both must be T x H with H = %d, "
-                        "T >= 1",
-                        (unsigned long long)xv->count, (unsigned long long)ov->count, H);
-    if (xv->offset % SC_MOE_ALIGN || ov->offset % SC_MOE_ALIGN)
+                        "x has %llu elements: it must be T x H with H = %d, T >= 1",
+                        (unsigned long long)xv->count, H);
+    if (xv->offset % SC_MOE_ALIGN)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "x starts at element %llu and out at %llu of their buffers: the "
-                        "kernels read and write 16-byte vectors, so both must start at a "
-                        "multiple of %d",
-                        (unsigned long long)xv->offset, (unsigned long long)ov->offset,
-                        SC_MOE_ALIGN);
-    if (x.buffer.id == out.buffer.id && xv->offset < ov->offset + ov->count &&
-        ov->offset < xv->offset + xv->count)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out overlaps x");
+                        "x starts at element %llu of its buffer: the kernels read 16-byte "
+                        "vectors, so it must start at a multiple of %d",
+                        (unsigned long long)xv->offset, SC_MOE_ALIGN);
     *T = xv->count / (uint64_t)H;
     if (!sci_moe_tokens_fit(&m->cfg, *T))
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
@@ -455,62 +630,176 @@ static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *
     return SC_OK;
 }
 
-/* Check the optional outputs before anything is enqueued: expert_ids i32 and
- * expert_weights f32, each T x k elements, in the layer's context. */
-static sc_status check_outputs(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
-                               const char *fn)
+/* Check x and out: as check_x, and out bf16 of x's shape, writable, 16-byte aligned, not
+ * overlapping x. */
+static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
+                          sc_view *xv, sc_view *ov, uint64_t *T)
 {
-    const struct {
-        sc_view v;
-        const char *name;
-        sc_dtype dtype;
-    } outs[2] = {{opts ? opts->expert_ids : (sc_view){{0}, 0, 0}, "expert_ids", SC_I32},
-                 {opts ? opts->expert_weights : (sc_view){{0}, 0, 0}, "expert_weights", SC_F32}};
+    sc_buffer_props op;
+    sc_status s;
+    if ((s = check_x(m, x, fn, xv, T)) != SC_OK ||
+        (s = sc_buffer_view(out.buffer, out.offset, out.count, ov)) != SC_OK ||
+        (s = sc_buffer_info(out.buffer, &op)) != SC_OK ||
+        (s = sci_buffer_check_writable(out.buffer, fn, "out")) != SC_OK)
+        return s;
+    if (op.dtype != SC_BF16)
+        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "out is %s; it must be bf16",
+                        sc_dtype_name(op.dtype));
+    if (ov->count != xv->count)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "x has %llu elements and out %llu: both must be T x H with H = %d",
+                        (unsigned long long)xv->count, (unsigned long long)ov->count,
+                        m->desc.hidden);
+    if (ov->offset % SC_MOE_ALIGN)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "out starts at element %llu of its buffer: the kernels write 16-byte "
+                        "vectors, so it must start at a multiple of %d",
+                        (unsigned long long)ov->offset, SC_MOE_ALIGN);
+    if (x.buffer.id == out.buffer.id && xv->offset < ov->offset + ov->count &&
+        ov->offset < xv->offset + xv->count)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "out overlaps x");
+    return SC_OK;
+}
+
+/* Check a [T, k] view the forward reads or writes (the opts->`name` of `dtype`, in the
+ * layer's context); its resolved view comes back. */
+static sc_status check_tk(const sci_moe *m, sc_view in, const char *name, sc_dtype dtype,
+                          uint64_t T, bool written, const char *fn, sc_view *v)
+{
     const uint64_t rows = T * (uint64_t)m->desc.top_k;
+    sc_buffer_props p;
+    sc_status s;
+    if ((s = sc_buffer_view(in.buffer, in.offset, in.count, v)) != SC_OK ||
+        (s = sc_buffer_info(in.buffer, &p)) != SC_OK ||
+        (written && (s = sci_buffer_check_writable(in.buffer, fn, name)) != SC_OK)) {
+        sci_error_append(" (%s)", name);
+        return s;
+    }
+    if (p.context.id != m->ctx->obj.id)
+        return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                        "%s (buffer '%s', created at %s:%d) belongs to another context than "
+                        "the layer",
+                        name, p.label, p.file, p.line);
+    if (p.dtype != dtype)
+        return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
+                        "%s (buffer '%s', created at %s:%d) is %s; it must be %s", name, p.label,
+                        p.file, p.line, sc_dtype_name(p.dtype), sc_dtype_name(dtype));
+    if (v->count != rows)
+        return sci_fail(SC_ERR_OUT_OF_BOUNDS, fn,
+                        "%s has %llu elements; T x k = %llu x %d = %llu are %s (buffer '%s', "
+                        "created at %s:%d)",
+                        name, (unsigned long long)v->count, (unsigned long long)T,
+                        m->desc.top_k, (unsigned long long)rows, written ? "written" : "read",
+                        p.label, p.file, p.line);
+    return SC_OK;
+}
+
+/* Check the optional views of a forward before anything is enqueued: the outputs
+ * expert_ids (i32) and expert_weights (f32), and the caller's routing (given together). */
+static sc_status check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
+                            const char *fn, sc_view *rids, sc_view *rweights)
+{
+    *rids = *rweights = (sc_view){{0}, 0, 0};
+    if (!opts)
+        return SC_OK;
+    sc_view v;
+    sc_status s = SC_OK;
+    if (opts->expert_ids.buffer.id)
+        s = check_tk(m, opts->expert_ids, "opts->expert_ids", SC_I32, T, true, fn, &v);
+    if (s == SC_OK && opts->expert_weights.buffer.id)
+        s = check_tk(m, opts->expert_weights, "opts->expert_weights", SC_F32, T, true, fn, &v);
+    if (s != SC_OK)
+        return s;
+    if (!opts->routing_ids.buffer.id != !opts->routing_weights.buffer.id)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "opts->routing_ids and opts->routing_weights go together: %s is given, "
+                        "%s is not",
+                        opts->routing_ids.buffer.id ? "routing_ids" : "routing_weights",
+                        opts->routing_ids.buffer.id ? "routing_weights" : "routing_ids");
+    if (opts->routing_ids.buffer.id &&
+        ((s = check_tk(m, opts->routing_ids, "opts->routing_ids", SC_I32, T, false, fn, rids)) !=
+             SC_OK ||
+         (s = check_tk(m, opts->routing_weights, "opts->routing_weights", SC_F32, T, false, fn,
+                       rweights)) != SC_OK))
+        return s;
+    /* The outputs are copies of the routing used: of the caller's, they may be the same
+     * views (nothing to copy), not overlap them otherwise. */
+    const struct {
+        sc_view out, in;
+        const char *out_name, *in_name;
+    } pairs[2] = {{opts->expert_ids, *rids, "expert_ids", "routing_ids"},
+                  {opts->expert_weights, *rweights, "expert_weights", "routing_weights"}};
     for (int i = 0; i < 2; i++) {
-        if (!outs[i].v.buffer.id)
+        if (!pairs[i].out.buffer.id || !pairs[i].in.buffer.id)
             continue;
-        sc_view v;
-        sc_buffer_props p;
-        sc_status s;
-        if ((s = sc_buffer_view(outs[i].v.buffer, outs[i].v.offset, outs[i].v.count, &v)) !=
-                SC_OK ||
-            (s = sc_buffer_info(outs[i].v.buffer, &p)) != SC_OK ||
-            (s = sci_buffer_check_writable(outs[i].v.buffer, fn, outs[i].name)) != SC_OK)
+        sc_view o;
+        if ((s = sc_buffer_view(pairs[i].out.buffer, pairs[i].out.offset, pairs[i].out.count,
+                                &o)) != SC_OK)
             return s;
-        if (p.context.id != m->ctx->obj.id)
-            return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
-                            "opts->%s (buffer '%s', created at %s:%d) belongs to another "
-                            "context than the layer",
-                            outs[i].name, p.label, p.file, p.line);
-        if (p.dtype != outs[i].dtype)
-            return sci_fail(SC_ERR_TYPE_MISMATCH, fn,
-                            "opts->%s (buffer '%s', created at %s:%d) is %s; it must be %s",
-                            outs[i].name, p.label, p.file, p.line, sc_dtype_name(p.dtype),
-                            sc_dtype_name(outs[i].dtype));
-        if (v.count != rows)
-            return sci_fail(SC_ERR_OUT_OF_BOUNDS, fn,
-                            "opts->%s has %llu elements; T x k = %llu x %d = %llu are written "
-                            "(buffer '%s', created at %s:%d)",
-                            outs[i].name, (unsigned long long)v.count, (unsigned long long)T,
-                            m->desc.top_k, (unsigned long long)rows, p.label, p.file, p.line);
+        const sc_view r = pairs[i].in;
+        if (o.buffer.id == r.buffer.id && o.offset < r.offset + r.count &&
+            r.offset < o.offset + o.count && (o.offset != r.offset || o.count != r.count))
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "opts->%s overlaps opts->%s (the same buffer, elements [%llu, %llu) "
+                            "and [%llu, %llu)): it may be the same view, or apart",
+                            pairs[i].out_name, pairs[i].in_name, (unsigned long long)o.offset,
+                            (unsigned long long)(o.offset + o.count),
+                            (unsigned long long)r.offset, (unsigned long long)(r.offset + r.count));
     }
     return SC_OK;
 }
 
+/* Whether views a and b are the same elements of the same buffer. */
+static bool same_view(sc_view a, sc_view b)
+{
+    sc_view ra;
+    return a.buffer.id == b.buffer.id &&
+           sc_buffer_view(a.buffer, a.offset, a.count, &ra) == SC_OK && ra.offset == b.offset &&
+           ra.count == b.count;
+}
+
 /* A forward being issued: the layer (its workspace locked), the plan, the stream, the
- * checked views of x and out, the selection bias (or the workspace's zero bias), and
- * the profile's steps. */
+ * checked views of x and out, the routing's ids and weights (the workspace's, or the
+ * caller's), and the profile's steps. */
 typedef struct forward {
     const sci_moe *m;
     const sci_moe_plan *p;
     sc_stream stream;
-    sc_view x, out, bias;
+    sc_view x, out, ids, weights;
+    bool accumulate;
     steps *st;
 } forward;
 
 /* The whole of workspace buffer w. */
 static sc_view ws(const forward *f, sci_moe_ws w) { return sc_view_of(f->m->ws[w]); }
+
+/* Weight w of the layer, or (absent) the workspace's one-element stand-in: the kernel gets a
+ * flag and never reads it. */
+static sc_view wt_or_none(const forward *f, sci_moe_weight w)
+{
+    return f->m->wt[w].buffer.id ? f->m->wt[w] : ws(f, SCI_MOE_W_NO_BIAS);
+}
+
+/* A bf16 weight or, absent, another bf16 weight of the layer (the kernel never reads it). */
+static sc_view wt_or(const forward *f, sci_moe_weight w, sci_moe_weight other)
+{
+    return f->m->wt[w].buffer.id ? f->m->wt[w] : f->m->wt[other];
+}
+
+/* The routing's kernel parameters. */
+static sc_moe_route_params route_params(const forward *f, int splits)
+{
+    const sci_moe *m = f->m;
+    const sc_moe_desc *d = &m->desc;
+    return (sc_moe_route_params){
+        .T = (int)f->p->tokens, .E = d->experts, .k = d->top_k, .shared = m->cfg.shared,
+        .logit_cols = m->cfg.logit_cols, .splits = splits,
+        .sigmoid = d->scoring == SC_MOE_SIGMOID, .renormalize = d->renormalize,
+        .has_sel_bias = m->wt[SCI_MOE_WT_SEL_BIAS].buffer.id != 0,
+        .has_router_bias = m->wt[SCI_MOE_WT_ROUTER_BIAS].buffer.id != 0,
+        .has_gate = m->wt[SCI_MOE_WT_SHARED_GATE].buffer.id != 0,
+        .n_group = d->n_group, .topk_group = d->topk_group, .scale = d->routed_scaling};
+}
 
 /* Routing in one launch, then (SM90, when it doesn't gather) x into expert order. */
 static sc_status issue_route_small(const forward *f)
@@ -519,28 +808,31 @@ static sc_status issue_route_small(const forward *f)
     const sci_moe_plan *p = f->p;
     const sc_kernel *kn = f->m->kernels;
     const bool sm90 = f->m->cfg.backend == SC_MOE_BACKEND_SM90;
+    const sc_moe_route_params rp = route_params(f, 1);
     sc_status s;
     if ((s = step(f->st, "route (small T)")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_ROUTE_SMALL], &p->route, sc_arg_in(f->x),
-                       sc_arg_in(whole(d->router)), sc_arg_in(f->bias),
+                       sc_arg_in(f->m->wt[SCI_MOE_WT_ROUTER]),
+                       sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_GATE, SCI_MOE_WT_ROUTER)),
+                       sc_arg_in(wt_or_none(f, SCI_MOE_WT_SEL_BIAS)),
+                       sc_arg_in(wt_or_none(f, SCI_MOE_WT_ROUTER_BIAS)),
                        sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_out(ws(f, SCI_MOE_W_IDS)),
-                       sc_arg_out(ws(f, SCI_MOE_W_WEIGHTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_out(ws(f, SCI_MOE_W_WEIGHTS)), sc_arg_out(ws(f, SCI_MOE_W_SHARED_W)),
+                       sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
                        sc_arg_out(ws(f, sm90 ? SCI_MOE_W_XPERM : SCI_MOE_W_H)),
-                       sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32((int32_t)p->tokens),
-                       sc_arg_i32(d->experts), sc_arg_i32(d->top_k), sc_arg_i32(d->hidden),
-                       sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
-                       sc_arg_i32(d->selection_bias.id != 0),
-                       sc_arg_i32(p->route_gathers))) != SC_OK)
+                       sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32(d->hidden),
+                       sc_arg_i32(p->route_gathers), sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
         return s;
     if (p->gather.grid.x == 0)
         return SC_OK;
     if ((s = step(f->st, "gather x")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER], &p->gather,
-                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(f->x),
-                       sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32((int32_t)p->rows),
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_in(f->x), sc_arg_out(ws(f, SCI_MOE_W_XPERM)),
+                       sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
                        sc_arg_i32(d->hidden))) != SC_OK)
         return s;
     return SC_OK;
@@ -550,118 +842,195 @@ static sc_status issue_route_small(const forward *f)
  * into that order with it. */
 static sc_status issue_scatter(const forward *f)
 {
+    const sci_moe *m = f->m;
     const sci_moe_plan *p = f->p;
-    const sc_kernel *kn = f->m->kernels;
-    const int32_t T = (int32_t)p->tokens, k = f->m->desc.top_k;
+    const sc_kernel *kn = m->kernels;
+    const int32_t T = (int32_t)p->tokens, k = m->desc.top_k, E = m->desc.experts;
+    const int32_t S = m->cfg.shared;
     sc_status s;
-    if (f->m->cfg.backend == SC_MOE_BACKEND_SM90) {
+    if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
         if ((s = step(f->st, "scatter + gather x")) != SC_OK ||
             (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER_GATHER], &p->scatter,
-                           sc_arg_in(ws(f, SCI_MOE_W_IDS)), sc_arg_in(ws(f, SCI_MOE_W_WEIGHTS)),
+                           sc_arg_in(f->ids), sc_arg_in(f->weights),
+                           sc_arg_in(ws(f, SCI_MOE_W_SHARED_W)),
                            sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                            sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
                            sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                            sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)),
                            sc_arg_out(ws(f, SCI_MOE_W_POS)), sc_arg_in(f->x),
-                           sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32(T), sc_arg_i32(k),
-                           sc_arg_i32(f->m->desc.hidden))) != SC_OK)
+                           sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32(T), sc_arg_i32(E),
+                           sc_arg_i32(k), sc_arg_i32(S), sc_arg_i32(m->desc.hidden))) != SC_OK)
             return s;
         return SC_OK;
     }
     if ((s = step(f->st, "scatter")) != SC_OK ||
-        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER], &p->scatter,
-                       sc_arg_in(ws(f, SCI_MOE_W_IDS)), sc_arg_in(ws(f, SCI_MOE_W_WEIGHTS)),
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER], &p->scatter, sc_arg_in(f->ids),
+                       sc_arg_in(f->weights), sc_arg_in(ws(f, SCI_MOE_W_SHARED_W)),
                        sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_i32(T), sc_arg_i32(k))) != SC_OK)
+                       sc_arg_i32(T), sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(S))) != SC_OK)
         return s;
     return SC_OK;
 }
 
-/* Routing in steps: expert counts zeroed, router GEMM (split over H), scores and top-k
- * (counting the rows of each expert), offsets, then the scatter. */
-static sc_status issue_route(const forward *f)
+/* The router GEMM over `cols` columns from column `first` of [Wg; gate] (all of them, or
+ * the gate's alone with first = E), split over H as planned. */
+static sc_status issue_router(const forward *f, int E, int cols)
 {
-    const sc_moe_desc *d = &f->m->desc;
     const sci_moe_plan *p = f->p;
-    const sc_kernel *kn = f->m->kernels;
-    const int32_t T = (int32_t)p->tokens, zero = 0;
+    return SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_ROUTER], &p->router, sc_arg_in(f->x),
+                     sc_arg_in(f->m->wt[SCI_MOE_WT_ROUTER]),
+                     sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_GATE, SCI_MOE_WT_ROUTER)),
+                     sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_i32((int32_t)p->tokens),
+                     sc_arg_i32(E), sc_arg_i32(cols), sc_arg_i32(f->m->desc.hidden),
+                     sc_arg_i32(p->router_k_chunk));
+}
+
+/* The layer's routing in steps: expert counts zeroed, router GEMM (split over H), scores and
+ * top-k (counting the rows of each expert) into ids and weights. */
+static sc_status issue_topk(const forward *f, sc_view ids, sc_view weights)
+{
+    const sci_moe_plan *p = f->p;
+    const int32_t zero = 0;
+    const sc_moe_route_params rp = route_params(f, p->router_splits);
     sc_status s;
     if ((s = step(f->st, "zero counts")) != SC_OK ||
         (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
         return s;
     if ((s = step(f->st, "router gemm")) != SC_OK ||
-        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_ROUTER], &p->router, sc_arg_in(f->x),
-                       sc_arg_in(whole(d->router)), sc_arg_out(ws(f, SCI_MOE_W_LOGITS)),
-                       sc_arg_i32(T), sc_arg_i32(d->experts), sc_arg_i32(d->hidden),
-                       sc_arg_i32(p->router_k_chunk))) != SC_OK)
+        (s = issue_router(f, f->m->desc.experts, f->m->cfg.logit_cols)) != SC_OK)
         return s;
     if ((s = step(f->st, "scores + top-k")) != SC_OK ||
-        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_TOPK], &p->topk,
-                       sc_arg_in(ws(f, SCI_MOE_W_LOGITS)), sc_arg_in(f->bias),
-                       sc_arg_out(ws(f, SCI_MOE_W_IDS)), sc_arg_out(ws(f, SCI_MOE_W_WEIGHTS)),
-                       sc_arg_inout(ws(f, SCI_MOE_W_COUNTS)), sc_arg_i32(T),
-                       sc_arg_i32(d->experts), sc_arg_i32(d->top_k),
-                       sc_arg_i32(d->scoring == SC_MOE_SIGMOID), sc_arg_i32(d->renormalize),
-                       sc_arg_i32(d->selection_bias.id != 0),
-                       sc_arg_i32(p->router_splits))) != SC_OK)
+        (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_TOPK], &p->topk,
+                       sc_arg_in(ws(f, SCI_MOE_W_LOGITS)),
+                       sc_arg_in(wt_or_none(f, SCI_MOE_WT_SEL_BIAS)),
+                       sc_arg_in(wt_or_none(f, SCI_MOE_WT_ROUTER_BIAS)), sc_arg_out(ids),
+                       sc_arg_out(weights), sc_arg_inout(ws(f, SCI_MOE_W_COUNTS)),
+                       sc_arg_out(ws(f, SCI_MOE_W_SHARED_W)), sc_arg_bytes(&rp, sizeof rp))) !=
+            SC_OK)
+        return s;
+    return SC_OK;
+}
+
+/* The caller's routing: expert counts zeroed, the gate's logits (with a shared gate), the
+ * counts of the given ids (bad ones recorded), the shared weight. */
+static sc_status issue_count_ids(const forward *f)
+{
+    const sci_moe *m = f->m;
+    const sci_moe_plan *p = f->p;
+    const int32_t zero = 0;
+    const bool gate = m->wt[SCI_MOE_WT_SHARED_GATE].buffer.id != 0;
+    const bool small = p->gate_small.grid.x != 0;
+    const sc_moe_route_params rp = route_params(f, gate && !small ? p->router_splits : 1);
+    sc_status s;
+    if ((s = step(f->st, "zero counts")) != SC_OK ||
+        (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
+        return s;
+    if (gate && small &&
+        ((s = step(f->st, "shared gate (small T)")) != SC_OK ||
+         (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_GATE_SMALL], &p->gate_small,
+                        sc_arg_in(f->x), sc_arg_in(m->wt[SCI_MOE_WT_SHARED_GATE]),
+                        sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_i32((int32_t)p->tokens),
+                        sc_arg_i32(m->desc.hidden))) != SC_OK))
+        return s;
+    if (gate && !small &&
+        ((s = step(f->st, "shared gate gemm")) != SC_OK || (s = issue_router(f, 0, 1)) != SC_OK))
+        return s;
+    if ((s = step(f->st, "count ids")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_COUNT_IDS], &p->count_ids, sc_arg_in(f->ids),
+                       sc_arg_in(ws(f, SCI_MOE_W_LOGITS)), sc_arg_inout(ws(f, SCI_MOE_W_COUNTS)),
+                       sc_arg_out(ws(f, SCI_MOE_W_SHARED_W)), sc_arg_inout(sc_view_of(m->fault)),
+                       sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
+        return s;
+    return SC_OK;
+}
+
+/* Routing in steps (the layer's or the caller's), then offsets and the scatter. */
+static sc_status issue_route(const forward *f, bool caller)
+{
+    const sci_moe_plan *p = f->p;
+    sc_status s = caller ? issue_count_ids(f) : issue_topk(f, f->ids, f->weights);
+    if (s != SC_OK)
         return s;
     if ((s = step(f->st, "offsets")) != SC_OK ||
-        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_OFFSETS], &p->offsets,
+        (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_OFFSETS], &p->offsets,
                        sc_arg_in(ws(f, SCI_MOE_W_COUNTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)), sc_arg_out(ws(f, SCI_MOE_W_CURSOR)),
-                       sc_arg_i32(d->experts))) != SC_OK)
+                       sc_arg_i32(f->m->desc.experts), sc_arg_i32(f->m->cfg.groups),
+                       sc_arg_i32((int32_t)p->tokens))) != SC_OK)
         return s;
     return issue_scatter(f);
 }
 
-/* The expert GEMMs in the plan's kernels: h = silu(x W1^T) * (x W3^T), then y = weight *
- * (h W2^T), rows in expert order. SM90 reads A and B through tensor maps of the plan's
- * tile shape; MMA reads x through the permutation. */
+/* The expert GEMMs' kernel parameters (with the bias of W13's GEMM, or of W2's). */
+static sc_moe_expert_params expert_params(const sci_moe *m, int group_m, sci_moe_weight bias)
+{
+    const sc_moe_desc *d = &m->desc;
+    return (sc_moe_expert_params){
+        .E = d->experts, .groups = m->cfg.groups, .H = d->hidden, .I = d->intermediate,
+        .group_m = group_m, .interleaved = d->w13_layout == SC_MOE_W13_INTERLEAVED,
+        .act = (int)d->activation, .alpha = d->swiglu_alpha, .limit = d->swiglu_limit,
+        .has_bias = m->wt[bias].buffer.id != 0};
+}
+
+/* The expert GEMMs in the plan's kernels: h = act(x W_gate^T + b, x W_up^T + b), then y =
+ * weight * (h W2^T + b), rows in expert order. SM90 reads A and B through tensor maps of the
+ * plan's tile shape; MMA reads x through the permutation. */
 static sc_status issue_gemms(const forward *f)
 {
     const sci_moe *m = f->m;
-    const sc_moe_desc *d = &m->desc;
     const sci_moe_plan *p = f->p;
-    const int E = d->experts, H = d->hidden, I = d->intermediate, t = p->tile;
+    const int t = p->tile;
     sc_status s;
+    const sc_view b13 = wt_or_none(f, SCI_MOE_WT_W13_BIAS), b2 = wt_or_none(f, SCI_MOE_WT_W2_BIAS);
     if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
+        const sc_moe_expert_params q13 = expert_params(m, p->group_m13, SCI_MOE_WT_W13_BIAS);
+        const sc_moe_expert_params q2 = expert_params(m, p->group_m2, SCI_MOE_WT_W2_BIAS);
+        const int32_t rows_per_expert = m->desc.w13_layout == SC_MOE_W13_INTERLEAVED
+                                            ? m->desc.intermediate
+                                            : 2 * m->desc.intermediate;
         if ((s = step(f->st, p->step13)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
-                           sc_arg_tensor_map_in(&m->w13_map[t]), sc_arg_out(ws(f, SCI_MOE_W_H)),
-                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(I),
-                           sc_arg_i32(H), sc_arg_i32(p->group_m13))) != SC_OK)
+                           sc_arg_tensor_map_in(&m->g_map[t]), sc_arg_tensor_map_in(&m->u_map[t]),
+                           sc_arg_tensor_map_in(&m->sg_map[t]),
+                           sc_arg_tensor_map_in(&m->su_map[t]), sc_arg_in(b13),
+                           sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                           sc_arg_i32(rows_per_expert), sc_arg_bytes(&q13, sizeof q13))) != SC_OK)
             return s;
         if ((s = step(f->st, p->step2)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2,
                            sc_arg_tensor_map_in(&m->h_map[t]),
                            sc_arg_tensor_map_in(&m->w2_map[t]),
+                           sc_arg_tensor_map_in(&m->sw2_map[t]), sc_arg_in(b2),
                            sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_Y)),
-                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(H),
-                           sc_arg_i32(I), sc_arg_i32(p->group_m2))) != SC_OK)
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_bytes(&q2, sizeof q2))) !=
+                SC_OK)
             return s;
         return SC_OK;
     }
+    const sc_moe_expert_params q13 = expert_params(m, 0, SCI_MOE_WT_W13_BIAS);
+    const sc_moe_expert_params q2 = expert_params(m, 0, SCI_MOE_WT_W2_BIAS);
     if ((s = step(f->st, p->step13)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13, sc_arg_in(f->x),
-                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(whole(d->w13)),
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(m->wt[SCI_MOE_WT_W13]),
+                       sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W13, SCI_MOE_WT_W13)), sc_arg_in(b13),
                        sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)),
-                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(I),
-                       sc_arg_i32(H))) != SC_OK)
+                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_bytes(&q13, sizeof q13))) != SC_OK)
         return s;
     if ((s = step(f->st, p->step2)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2, sc_arg_in(ws(f, SCI_MOE_W_H)),
-                       sc_arg_in(whole(d->w2)), sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)),
-                       sc_arg_out(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)),
-                       sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_i32(E), sc_arg_i32(H),
-                       sc_arg_i32(I))) != SC_OK)
+                       sc_arg_in(m->wt[SCI_MOE_WT_W2]),
+                       sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W2, SCI_MOE_WT_W2)), sc_arg_in(b2),
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_Y)),
+                       sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_bytes(&q2, sizeof q2))) != SC_OK)
         return s;
     return SC_OK;
 }
 
-/* out = the weighted sum of each token's expert outputs; then the optional copies of the
+/* out (+)= the weighted sum of each token's expert outputs; then the optional copies of the
  * chosen experts and their weights. */
 static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts)
 {
@@ -670,17 +1039,15 @@ static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts
     if ((s = step(f->st, "combine")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_COMBINE], &p->combine,
                        sc_arg_in(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_out(f->out), sc_arg_i32((int32_t)p->tokens),
-                       sc_arg_i32(f->m->desc.top_k), sc_arg_i32(f->m->desc.hidden))) != SC_OK)
+                       f->accumulate ? sc_arg_inout(f->out) : sc_arg_out(f->out),
+                       sc_arg_i32((int32_t)p->tokens), sc_arg_i32(f->m->cfg.slots),
+                       sc_arg_i32(f->m->desc.hidden), sc_arg_i32(f->accumulate))) != SC_OK)
         return s;
-    sc_view src;
-    if (opts && opts->expert_ids.buffer.id &&
-        ((s = sc_buffer_view(f->m->ws[SCI_MOE_W_IDS], 0, p->rows, &src)) != SC_OK ||
-         (s = sc_copy(f->stream, opts->expert_ids, src)) != SC_OK))
+    if (opts && opts->expert_ids.buffer.id && !same_view(opts->expert_ids, f->ids) &&
+        (s = sc_copy(f->stream, opts->expert_ids, f->ids)) != SC_OK)
         return s;
-    if (opts && opts->expert_weights.buffer.id &&
-        ((s = sc_buffer_view(f->m->ws[SCI_MOE_W_WEIGHTS], 0, p->rows, &src)) != SC_OK ||
-         (s = sc_copy(f->stream, opts->expert_weights, src)) != SC_OK))
+    if (opts && opts->expert_weights.buffer.id && !same_view(opts->expert_weights, f->weights) &&
+        (s = sc_copy(f->stream, opts->expert_weights, f->weights)) != SC_OK)
         return s;
     return SC_OK;
 }
@@ -688,9 +1055,8 @@ static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts
 /* The plan's launches in order, on the workspace (locked, large enough). */
 static sc_status issue(forward *f, const sc_moe_forward_desc *opts)
 {
-    const sc_moe_desc *d = &f->m->desc;
-    f->bias = d->selection_bias.id ? whole(d->selection_bias) : ws(f, SCI_MOE_W_NO_BIAS);
-    sc_status s = f->p->route_small ? issue_route_small(f) : issue_route(f);
+    const bool caller = opts && opts->routing_ids.buffer.id;
+    sc_status s = f->p->route_small ? issue_route_small(f) : issue_route(f, caller);
     if (s == SC_OK)
         s = issue_gemms(f);
     if (s == SC_OK)
@@ -698,8 +1064,9 @@ static sc_status issue(forward *f, const sc_moe_forward_desc *opts)
     return s;
 }
 
-/* A forward that must grow its workspace (buffers destroyed and created) or time its steps
- * (a host wait) can't be captured: SC_ERR_CAPTURE before anything is done. */
+/* A forward that must grow its workspace (buffers destroyed and created) or wait for the
+ * stream (a profile, a routing check) can't be captured: SC_ERR_CAPTURE before anything is
+ * done. */
 static sc_status refuse_in_capture(const sci_moe *m, sc_stream stream, uint64_t grow,
                                    uint64_t T, const char *fn)
 {
@@ -714,7 +1081,8 @@ static sc_status refuse_in_capture(const sci_moe *m, sc_stream stream, uint64_t 
                  "tokens (reserve it before the capture with sc_moe_reserve),",
                  (unsigned long long)T, (unsigned long long)m->capacity);
     else
-        snprintf(what, sizeof what, "a forward with a profile (it waits for the stream)");
+        snprintf(what, sizeof what, "a call that waits for the stream (a profile or a routing "
+                 "check)");
     s = sci_capture_refuse_stream(st, fn, what);
     sci_stream_release(st);
     return s;
@@ -745,6 +1113,90 @@ sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
     return s;
 }
 
+/* Read the routing fault record on stream (a host wait), report it and clear it. */
+static sc_status report_faults(const sci_moe *m, sc_stream stream, const char *fn)
+{
+    uint32_t rec[4] = {0};
+    const uint32_t zero = 0;
+    sc_status s = sc_copy_to_host(stream, rec, sizeof rec, sc_view_of(m->fault));
+    if (s != SC_OK || rec[0] == 0)
+        return s;
+    if ((s = sc_fill(stream, sc_view_of(m->fault), &zero)) != SC_OK)
+        return s;
+    return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                    "opts->routing_ids[%u] (token %u, slot %u) = expert id %d: an expert id must "
+                    "be < experts = %d (ids < 0 are padded slots); %u such slot%s skipped",
+                    rec[1] * (uint32_t)m->desc.top_k + rec[2], rec[1], rec[2], (int32_t)rec[3],
+                    m->desc.experts, rec[0], rec[0] == 1 ? " was" : "s were");
+}
+
+sc_status sc_moe_routing_check(sc_stream stream, sc_moe layer)
+{
+    static const char fn[] = "sc_moe_routing_check";
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_moe *m = (sci_moe *)obj;
+    s = refuse_in_capture(m, stream, 0, 0, fn);
+    if (s == SC_OK)
+        s = report_faults(m, stream, fn);
+    sci_registry_release(obj);
+    return s;
+}
+
+/* After a stale handle: name the layer's weight whose buffer was destroyed, if one was. */
+static void name_stale_weight(const sci_moe *m)
+{
+    static const char *const names[SCI_MOE_WT_COUNT] = {
+        "router", "w13", "w2", "selection_bias", "router_bias", "w13_bias", "w2_bias",
+        "shared_w13", "shared_w2", "shared_gate"};
+    char *message = sci_error_save();
+    for (int i = 0; i < SCI_MOE_WT_COUNT; i++) {
+        sc_buffer_props p;
+        if (m->wt[i].buffer.id && sc_buffer_info(m->wt[i].buffer, &p) == SC_ERR_STALE_HANDLE) {
+            sci_error_restore(message);
+            sci_error_append(" (the layer's weight desc->%s)", names[i]);
+            return;
+        }
+    }
+    sci_error_restore(message);
+}
+
+/* After a forward's launches: on a wrapped stream, one point recorded for the whole forward. */
+static sc_status mark_wrapped(const sci_moe *m, sc_stream stream, sc_status s, const char *fn)
+{
+    sci_stream *st = NULL;
+    if (sci_stream_resolve(stream, m->ctx, fn, &st) == SC_OK) {
+        if (st->wrapped) {
+            sc_status mk = sci_stream_mark_wrapped(st, fn);
+            if (s == SC_OK)
+                s = mk;
+        }
+        sci_stream_release(st);
+    }
+    return s;
+}
+
+/* The calls that take x [T, H] (forward, route): the plan for T, made with the workspace
+ * locked and grown when needed (refused in a capture, as is a call that waits). On SC_OK
+ * the lock is held. */
+static sc_status begin(sci_moe *m, sc_stream stream, uint64_t T, bool waits, bool caller,
+                       const char *fn, sci_moe_plan *plan)
+{
+    sc_status s = SC_OK;
+    sci_moe_plan_make(&m->cfg, T, caller, plan);
+    pthread_mutex_lock(&m->lock);
+    const uint64_t grow = sci_moe_workspace_grow(m->capacity, T);
+    if (grow || waits)
+        s = refuse_in_capture(m, stream, grow, T, fn);
+    if (s == SC_OK && grow)
+        s = grow_workspace(m, grow, stream, fn);
+    if (s != SC_OK)
+        pthread_mutex_unlock(&m->lock);
+    return s;
+}
+
 sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                          const sc_moe_forward_desc *opts)
 {
@@ -756,36 +1208,80 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sci_moe *m = (sci_moe *)obj;
     steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     sci_moe_plan plan;
-    forward f = {.m = m, .p = &plan, .stream = stream, .st = &st};
+    forward f = {.m = m, .p = &plan, .stream = stream, .st = &st,
+                 .accumulate = opts && opts->accumulate};
     uint64_t T = 0;
+    sc_view rids, rweights;
+    const bool caller = opts && opts->routing_ids.buffer.id;
+    const bool waits = opts && (opts->profile || opts->check_routing);
+    /* x, out and the options are checked before anything is enqueued (x's T first). */
     if ((s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
-        (s = check_outputs(m, opts, T, fn)) == SC_OK) {
-        sci_moe_plan_make(&m->cfg, T, &plan);
-        pthread_mutex_lock(&m->lock);
-        const uint64_t grow = sci_moe_workspace_grow(m->capacity, T);
-        if (grow || (opts && opts->profile))
-            s = refuse_in_capture(m, stream, grow, T, fn);
-        if (s == SC_OK && grow)
-            s = grow_workspace(m, grow, stream, fn);
-        if (s == SC_OK) {
-            /* One point recorded on a wrapped stream after the whole forward, not one per
-             * launch (stream/order.h). */
-            sci_wrapped_marks_defer(true);
-            s = issue(&f, opts);
-            sci_wrapped_marks_defer(false);
-            sci_stream *ws = NULL;
-            if (sci_stream_resolve(stream, m->ctx, fn, &ws) == SC_OK) {
-                if (ws->wrapped) {
-                    sc_status mk = sci_stream_mark_wrapped(ws, fn);
-                    if (s == SC_OK)
-                        s = mk;
-                }
-                sci_stream_release(ws);
-            }
+        (s = check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
+        (s = begin(m, stream, T, waits, caller, fn, &plan)) == SC_OK) {
+        f.ids = caller ? rids : sc_view_of(m->ws[SCI_MOE_W_IDS]);
+        f.weights = caller ? rweights : sc_view_of(m->ws[SCI_MOE_W_WEIGHTS]);
+        if (!caller) { /* the first T x k of the workspace's */
+            f.ids.count = f.weights.count = plan.tokens * (uint64_t)m->desc.top_k;
         }
+        /* One point recorded on a wrapped stream after the whole forward, not one per
+         * launch (stream/order.h). */
+        sci_wrapped_marks_defer(true);
+        s = issue(&f, opts);
+        sci_wrapped_marks_defer(false);
+        s = mark_wrapped(m, stream, s, fn);
+        if (s == SC_OK && opts && opts->check_routing)
+            s = report_faults(m, stream, fn);
         pthread_mutex_unlock(&m->lock);
     }
     s = steps_finish(&st, s);
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
+    if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
+        sci_error_append(" (in %s)", fn);
+    sci_registry_release(obj);
+    return s;
+}
+
+sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids, sc_view weights)
+{
+    static const char fn[] = "sc_moe_route";
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_moe *m = (sci_moe *)obj;
+    steps st = {NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
+    sci_moe_plan plan;
+    forward f = {.m = m, .p = &plan, .stream = stream, .st = &st};
+    uint64_t T = 0;
+    if ((s = check_x(m, x, fn, &f.x, &T)) == SC_OK &&
+        (s = check_tk(m, ids, "ids", SC_I32, T, true, fn, &f.ids)) == SC_OK &&
+        (s = check_tk(m, weights, "weights", SC_F32, T, true, fn, &f.weights)) == SC_OK &&
+        (s = begin(m, stream, T, false, false, fn, &plan)) == SC_OK) {
+        {
+            sci_wrapped_marks_defer(true);
+            if (plan.route_small) {
+                /* The forward's own one-launch routing (so that its ids and weights are the
+                 * forward's to the bit), then a copy of them. */
+                sc_view wids = sc_view_of(m->ws[SCI_MOE_W_IDS]), wws = sc_view_of(m->ws[SCI_MOE_W_WEIGHTS]);
+                wids.count = wws.count = f.ids.count;
+                s = issue_route_small(&f);
+                if (s == SC_OK)
+                    s = sc_copy(stream, f.ids, wids);
+                if (s == SC_OK)
+                    s = sc_copy(stream, f.weights, wws);
+            } else {
+                s = issue_topk(&f, f.ids, f.weights);
+            }
+            sci_wrapped_marks_defer(false);
+            s = mark_wrapped(m, stream, s, fn);
+        }
+        pthread_mutex_unlock(&m->lock);
+    }
+    if (s == SC_ERR_STALE_HANDLE)
+        name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
     sci_registry_release(obj);

@@ -39,6 +39,8 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_W2_M] = {SM90_CU, "sc_moe_w2_sm90_medium", SM90, SM90_SMEM_M},
     [SCI_MOE_K_W13_W] = {SM90_CU, "sc_moe_w13_sm90_wide", SM90, SM90_SMEM_W},
     [SCI_MOE_K_W2_W] = {SM90_CU, "sc_moe_w2_sm90_wide", SM90, SM90_SMEM_W},
+    [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
+    [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
 };
 
 const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {
@@ -73,6 +75,7 @@ const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_NO_BIAS] = {SC_F32, "moe no bias", false},
     [SCI_MOE_W_XPERM] = {SC_BF16, "moe x in expert order", false},
     [SCI_MOE_W_TICKET] = {SC_U32, "moe route ticket", true}, /* sc_moe_route_small resets it */
+    [SCI_MOE_W_SHARED_W] = {SC_F32, "moe shared expert weights", false},
 };
 
 int sci_moe_tile_named(const char *name)
@@ -98,16 +101,16 @@ static uint64_t logit_rows(uint64_t tokens)
 void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
                               uint64_t count[SCI_MOE_W_COUNT])
 {
-    const uint64_t E = (uint64_t)c->experts, k = (uint64_t)c->top_k;
+    const uint64_t k = (uint64_t)c->top_k, G = (uint64_t)c->groups;
     const uint64_t H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate;
-    const uint64_t rows = tokens * k;
-    count[SCI_MOE_W_LOGITS] = logit_rows(tokens) * E;
-    count[SCI_MOE_W_IDS] = rows;
-    count[SCI_MOE_W_WEIGHTS] = rows;
-    count[SCI_MOE_W_COUNTS] = E;
-    count[SCI_MOE_W_ROW_OFF] = E + 1;
-    count[SCI_MOE_W_TILE_OFF] = E + 1;
-    count[SCI_MOE_W_CURSOR] = E;
+    const uint64_t rows = tokens * (uint64_t)c->slots;
+    count[SCI_MOE_W_LOGITS] = logit_rows(tokens) * (uint64_t)c->logit_cols;
+    count[SCI_MOE_W_IDS] = tokens * k;
+    count[SCI_MOE_W_WEIGHTS] = tokens * k;
+    count[SCI_MOE_W_COUNTS] = G;
+    count[SCI_MOE_W_ROW_OFF] = G + 1;
+    count[SCI_MOE_W_TILE_OFF] = G + 1;
+    count[SCI_MOE_W_CURSOR] = G;
     count[SCI_MOE_W_PERM_TOKEN] = rows;
     count[SCI_MOE_W_PERM_WEIGHT] = rows;
     count[SCI_MOE_W_POS] = rows;
@@ -116,6 +119,7 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_NO_BIAS] = 1;
     count[SCI_MOE_W_XPERM] = c->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0;
     count[SCI_MOE_W_TICKET] = 1;
+    count[SCI_MOE_W_SHARED_W] = tokens;
 }
 
 uint64_t sci_moe_workspace_bytes_for(const sci_moe_config *c, uint64_t tokens)
@@ -136,7 +140,7 @@ uint64_t sci_moe_workspace_grow(uint64_t capacity, uint64_t T)
 
 bool sci_moe_tokens_fit(const sci_moe_config *c, uint64_t T)
 {
-    const int E = c->experts, k = c->top_k, H = c->hidden, I = c->intermediate;
+    const int E = c->groups, k = c->slots, H = c->hidden, I = c->intermediate;
     return !(T * (uint64_t)k / SC_MOE_BM + (uint64_t)E > 2000000000ull ||
              T > 0x7fffffffull / k || T * (uint64_t)k * (uint64_t)(H > I ? H : I) > (1ull << 46));
 }
@@ -150,9 +154,9 @@ static sc_launch_desc launch(uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
 
 /* The router GEMM for more tokens splits H while its output tiles leave SMs idle: splits
  * of whole K steps, at least SC_MOE_ROUTER_MIN_K columns each. */
-static void plan_router(const sci_moe_config *c, sci_moe_plan *p)
+static void plan_router(const sci_moe_config *c, uint64_t E, sci_moe_plan *p)
 {
-    const uint64_t T = p->tokens, E = (uint64_t)c->experts, H = (uint64_t)c->hidden;
+    const uint64_t T = p->tokens, H = (uint64_t)c->hidden;
     const uint64_t router_tiles = (uint64_t)ceil_div(T, SC_MOE_BM) * ceil_div(E, SC_MOE_BN);
     uint64_t splits = 1;
     if (T <= SC_MOE_ROUTER_SPLIT_MAX_T) {
@@ -177,26 +181,40 @@ static void plan_router(const sci_moe_config *c, sci_moe_plan *p)
  * in expert order while it is small, else a gather after it); for more, a fill of the
  * expert counts, the router GEMM, top-k, offsets and the scatter (with the gather of x on
  * SM90). */
-static void plan_routing(const sci_moe_config *c, sci_moe_plan *p)
+static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
 {
     const uint64_t T = p->tokens, rows = p->rows;
     const bool sm90 = c->backend == SC_MOE_BACKEND_SM90, pdl = p->pdl;
     const sc_launch_desc warp_per_row = launch(ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1,
                                                32 * SC_MOE_SCATTER_WARPS, 0, pdl);
-    if (T <= SC_MOE_ROUTE_SMALL_MAX_T) {
+    if (T <= SC_MOE_ROUTE_SMALL_MAX_T && !caller) {
         p->route_small = true;
         p->route_gathers =
             sm90 && rows * (uint64_t)c->hidden * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
-        p->route = launch(ceil_div((uint64_t)c->experts, SC_MOE_ROUTE_EXPERTS), 1, 1,
+        p->route = launch(ceil_div((uint64_t)c->logit_cols, SC_MOE_ROUTE_EXPERTS), 1, 1,
                           SC_MOE_ROUTE_THREADS, 0, pdl);
         if (sm90 && !p->route_gathers)
             p->gather = warp_per_row;
         return;
     }
-    plan_router(c, p);
-    p->topk = launch(ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1,
-                     32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 0, pdl);
-    p->offsets = launch(1, 1, 1, SC_MOE_MAX_EXPERTS, 0, pdl);
+    if (caller) {
+        /* The gate's logits alone (one column), when there is a gate, computed as the
+         * layer's own routing computes its gate column (the same bits): for few tokens as
+         * sc_moe_route_small does, else by the router GEMM split over H as for all the
+         * columns, launched over the one column tile. */
+        if (c->logit_cols > c->experts && T <= SC_MOE_ROUTE_SMALL_MAX_T) {
+            p->gate_small = launch(1, 1, 1, SC_MOE_ROUTE_THREADS, 0, pdl);
+        } else if (c->logit_cols > c->experts) {
+            plan_router(c, (uint64_t)c->logit_cols, p);
+            p->router.grid.y = 1;
+        }
+        p->count_ids = launch(ceil_div(T, 256), 1, 1, 256, 0, pdl);
+    } else {
+        plan_router(c, (uint64_t)c->logit_cols, p);
+        p->topk = launch(ceil_div(T, SC_MOE_TOPK_TOKENS_PER_BLOCK), 1, 1,
+                         32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 0, pdl);
+    }
+    p->offsets = launch(1, 1, 1, (uint32_t)(c->groups + 31) / 32 * 32, 0, pdl);
     p->scatter = sm90 ? warp_per_row : launch(ceil_div(rows, 256), 1, 1, 256, 0, pdl);
 }
 
@@ -228,7 +246,7 @@ static void plan_sm90(const sci_moe_config *c, sci_moe_plan *p)
     const sci_moe_tile_info *ts = &sci_moe_tiles[t];
     const int cons = ts->cons, bn = ts->bn, bm = 64 * cons;
     const uint32_t max_ctas = (uint32_t)c->sm_count * (uint32_t)ts->ctas_per_sm;
-    const uint64_t m_tiles = p->rows / (uint64_t)bm + (uint64_t)c->experts;
+    const uint64_t m_tiles = p->rows / (uint64_t)bm + (uint64_t)c->groups;
     const uint64_t tiles13 = m_tiles * ceil_div((uint64_t)c->intermediate, (uint64_t)bn / 2);
     const uint64_t tiles2 = m_tiles * ceil_div((uint64_t)c->hidden, (uint64_t)bn);
     const uint32_t threads = (uint32_t)(128 * (cons + 1));
@@ -250,7 +268,7 @@ static void plan_sm90(const sci_moe_config *c, sci_moe_plan *p)
  * the N tiles; tiles past an expert's rows exit. */
 static void plan_mma(const sci_moe_config *c, sci_moe_plan *p)
 {
-    const uint32_t max_m_tiles = ceil_div(p->rows, SC_MOE_BM) + (uint32_t)c->experts;
+    const uint32_t max_m_tiles = ceil_div(p->rows, SC_MOE_BM) + (uint32_t)c->groups;
     p->k13 = SCI_MOE_K_W13;
     p->k2 = SCI_MOE_K_W2;
     p->step13 = "w13 gemm (mma)";
@@ -261,16 +279,16 @@ static void plan_mma(const sci_moe_config *c, sci_moe_plan *p)
                    SC_MOE_SMEM_BYTES, p->pdl);
 }
 
-void sci_moe_plan_make(const sci_moe_config *c, uint64_t T, sci_moe_plan *p)
+void sci_moe_plan_make(const sci_moe_config *c, uint64_t T, bool caller, sci_moe_plan *p)
 {
     /* For few tokens (decode) every kernel of the forward is a programmatic dependent
      * launch: each waits (griddepcontrol.wait) before it touches memory, so its launch
      * overlaps the tail of the kernel before it, microseconds that matter when the whole
      * forward takes tens of them. SAFECUDA_MOE_PDL=0 turns it off (for comparisons). */
     const bool pdl = T <= SC_MOE_PDL_MAX_T && c->pdl;
-    *p = (sci_moe_plan){.tokens = T, .rows = T * (uint64_t)c->top_k, .pdl = pdl, .tile = -1,
+    *p = (sci_moe_plan){.tokens = T, .rows = T * (uint64_t)c->slots, .pdl = pdl, .tile = -1,
                         .workspace_bytes = sci_moe_workspace_bytes_for(c, T)};
-    plan_routing(c, p);
+    plan_routing(c, caller, p);
     if (c->backend == SC_MOE_BACKEND_SM90)
         plan_sm90(c, p);
     else

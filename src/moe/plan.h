@@ -18,7 +18,7 @@ typedef enum sci_moe_kernel {
     SCI_MOE_K_SCATTER_GATHER, SCI_MOE_K_W13_L, SCI_MOE_K_W2_L, SCI_MOE_K_W13_S,
     SCI_MOE_K_W2_S, /* SM90 backend */
     SCI_MOE_K_ROUTE_SMALL, SCI_MOE_K_GATHER, SCI_MOE_K_W13_M, SCI_MOE_K_W2_M, SCI_MOE_K_W13_W,
-    SCI_MOE_K_W2_W,
+    SCI_MOE_K_W2_W, SCI_MOE_K_COUNT_IDS, SCI_MOE_K_GATE_SMALL,
     SCI_MOE_K_COUNT
 } sci_moe_kernel;
 
@@ -54,7 +54,7 @@ typedef enum sci_moe_ws {
     SCI_MOE_W_LOGITS, SCI_MOE_W_IDS, SCI_MOE_W_WEIGHTS, SCI_MOE_W_COUNTS, SCI_MOE_W_ROW_OFF,
     SCI_MOE_W_TILE_OFF, SCI_MOE_W_CURSOR, SCI_MOE_W_PERM_TOKEN, SCI_MOE_W_PERM_WEIGHT,
     SCI_MOE_W_POS, SCI_MOE_W_H, SCI_MOE_W_Y, SCI_MOE_W_NO_BIAS, SCI_MOE_W_XPERM,
-    SCI_MOE_W_TICKET,
+    SCI_MOE_W_TICKET, SCI_MOE_W_SHARED_W,
     SCI_MOE_W_COUNT
 } sci_moe_ws;
 
@@ -69,6 +69,9 @@ extern const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT];
 /* What the plans depend on besides T, fixed when the layer is created. */
 typedef struct sci_moe_config {
     int experts, top_k, hidden, intermediate; /* E, k, H, I */
+    int shared;             /* S: the shared expert's chunks of I (0: none) */
+    int groups, slots;      /* E + S experts in the GEMMs, k + S rows per token */
+    int logit_cols;         /* router columns: E, + 1 for the shared expert's gate */
     sc_moe_backend backend; /* resolved: MMA or SM90 */
     int sm_count;           /* the device's */
     int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
@@ -92,7 +95,8 @@ bool sci_moe_tokens_fit(const sci_moe_config *c, uint64_t T);
 
 /* A forward over T tokens, in launch order. Launches the forward doesn't make are zero. */
 typedef struct sci_moe_plan {
-    uint64_t tokens, rows;  /* T, and T k rows in expert order */
+    uint64_t tokens, rows;  /* T, and T (k + S) rows in expert order (at most: padded slots
+                               of the caller's routing have none) */
     bool pdl;               /* every launch programmatic (few tokens: launch latency) */
     /* Routing: in one launch (few tokens) or in steps. */
     bool route_small;       /* sc_moe_route_small: logits, top-k, offsets, permutation */
@@ -101,6 +105,10 @@ typedef struct sci_moe_plan {
     int router_splits;      /* the router GEMM splits H in this many (blocks along z) */
     int router_k_chunk;     /* columns of H per split */
     sc_launch_desc router, topk, offsets, scatter; /* scatter + gather x on SM90 */
+    sc_launch_desc count_ids; /* the caller's routing: instead of top-k; the gate's logits
+                                 by gate_small (few tokens) or the router (the routing's
+                                 splits of H, one column tile): the routing's bits */
+    sc_launch_desc gate_small;
     /* The expert GEMMs: W13 (gate and up, silu) then W2 (down, routing weight). */
     int tile;               /* the SM90 tile shape (sci_moe_tile), -1 for MMA */
     sci_moe_kernel k13, k2;
@@ -111,6 +119,8 @@ typedef struct sci_moe_plan {
     uint64_t workspace_bytes; /* a workspace for exactly T tokens */
 } sci_moe_plan;
 
-void sci_moe_plan_make(const sci_moe_config *c, uint64_t T, sci_moe_plan *p);
+/* caller: the routing is the caller's (routing in steps, no top-k; the router GEMM only
+ * computes the shared gate's logits, when there is a gate). */
+void sci_moe_plan_make(const sci_moe_config *c, uint64_t T, bool caller, sci_moe_plan *p);
 
 #endif

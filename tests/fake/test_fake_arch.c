@@ -38,7 +38,7 @@ int main(int argc, char **argv)
     sc_moe layer;
     sc_moe_desc d = moe_desc(r, w13, w2, (sc_moe_backend)7);
     CHECK_STATUS(sc_moe_create(ctx, &d, &layer), SC_ERR_INVALID_ARGUMENT);
-    CHECK_MSG("sc_moe_create: backend = 7");
+    CHECK_MSG("sc_moe_create: desc->backend = 7");
     CHECK(layer.id == 0);
 
     if (cc == 80) {

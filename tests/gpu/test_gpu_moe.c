@@ -4,32 +4,13 @@
  * repeatability, and the desc checks. */
 #include <math.h>
 
+#include "../bf16.h"
 #include "../test.h"
 #include "safecuda/moe.h"
 
 static bool quick; /* under compute-sanitizer: fewer and smaller cases */
 static sc_moe_backend backend; /* the GEMMs under test */
 static const char *const backend_name[] = {"auto", "mma", "sm90"};
-
-/* ---- bf16 on the host ------------------------------------------------------------------- */
-
-static float bf2f(uint16_t v)
-{
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* ---- weights ----------------------------------------------------------------------------
  * Expert weights come from one random block of NB values on the device, copied into each

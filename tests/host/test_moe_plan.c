@@ -39,19 +39,19 @@ enum { SMS = 132 }; /* an H100 SXM */
 
 /* Dynamic shared memory of the SM90 kernels: 1024 bytes of alignment slack, STAGES x (A
  * tile 64 CONS x 128 bytes + B tile BN x 128 bytes), 2 x STAGES barriers of 8 bytes, and
- * the row and tile offsets (2 x 257 ints). */
+ * the row and tile offsets (2 x 529 ints). */
 enum {
     SMEM_MMA = 65536,                                           /* 4 x (128 + 128) x 32 x 2 */
-    SMEM_SMALL = 1024 + 4 * (8192 + 8192) + 64 + 2056,          /* 68680: CONS 1, BN 64, 4 */
-    SMEM_LARGE = 1024 + 4 * (16384 + 32768) + 64 + 2056,        /* 199752: CONS 2, BN 256, 4 */
-    SMEM_MEDIUM = 1024 + 6 * (16384 + 16384) + 96 + 2056,       /* 199784: CONS 2, BN 128, 6 */
-    SMEM_WIDE = 1024 + 5 * (8192 + 32768) + 80 + 2056,          /* 207960: CONS 1, BN 256, 5 */
+    SMEM_SMALL = 1024 + 4 * (8192 + 8192) + 64 + 4232,          /* 70856: CONS 1, BN 64, 4 */
+    SMEM_LARGE = 1024 + 4 * (16384 + 32768) + 64 + 4232,        /* 201928: CONS 2, BN 256, 4 */
+    SMEM_MEDIUM = 1024 + 6 * (16384 + 16384) + 96 + 4232,       /* 201960: CONS 2, BN 128, 6 */
+    SMEM_WIDE = 1024 + 5 * (8192 + 32768) + 80 + 4232,          /* 210136: CONS 1, BN 256, 5 */
 };
 
 static sci_moe_config config(int E, int k, int H, int I, sc_moe_backend backend)
 {
     return (sci_moe_config){.experts = E, .top_k = k, .hidden = H, .intermediate = I,
-                            .backend = backend, .sm_count = SMS, .tile_override = -1,
+                            .groups = E, .slots = k, .logit_cols = E, .backend = backend, .sm_count = SMS, .tile_override = -1,
                             .group_override = 0, .pdl = true};
 }
 
@@ -59,7 +59,7 @@ static sci_moe_plan plan(const sci_moe_config *c, uint64_t T)
 {
     sci_moe_plan p;
     memset(&p, 0xa5, sizeof p); /* every field is the plan's, none left over */
-    sci_moe_plan_make(c, T, &p);
+    sci_moe_plan_make(c, T, false, &p);
     return p;
 }
 
@@ -108,8 +108,9 @@ static void test_sm90_small_layer(void)
     /* Workspace for 1 token: logits 16 rows (the split router's) x 8 x 4 = 512; ids,
      * weights, permuted tokens and weights, positions 5 x 2 x 4 = 40; counts and cursors
      * 2 x 8 x 4, row and tile offsets 2 x 9 x 4: 136; h 2 x 256 x 2 = 1024; y and x in
-     * expert order 2 x 2 x 512 x 2 = 4096; the zero bias and the ticket 8. */
-    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1024 + 4096 + 8);
+     * expert order 2 x 2 x 512 x 2 = 4096; the zero bias and the ticket 8; the shared
+     * expert's weight per token 4. */
+    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1024 + 4096 + 8 + 4);
 
     /* The routing paths and programmatic launches around their thresholds. */
     CHECK(plan(&c, 16).route_small);
@@ -130,7 +131,7 @@ static void test_sm90_small_layer(void)
     CHECK_EQ(p.router_k_chunk, 256);
     CHECK_LAUNCH(p.router, 1, 1, 2, 256, SMEM_MMA);
     CHECK_LAUNCH(p.topk, 3, 1, 1, 256, 0);
-    CHECK_LAUNCH(p.offsets, 1, 1, 1, 256, 0);
+    CHECK_LAUNCH(p.offsets, 1, 1, 1, 32, 0); /* a thread per group, in whole warps */
     CHECK_LAUNCH(p.scatter, 5, 1, 1, 256, 0);
     CHECK_EQ(p.tile, SCI_MOE_TILE_SMALL);
     CHECK_LAUNCH(p.combine, 17, 1, 1, 256, 0);
@@ -152,9 +153,10 @@ static void test_sm90_small_layer(void)
 
     /* The default workspace (256 tokens): logits 4096 rows (16 splits x 256) x 8 x 4 =
      * 131072; 5 x 512 rows x 4 = 10240; offsets and counts 136; h 512 x 256 x 2 = 262144;
-     * y and x in expert order 2 x 512 x 512 x 2 = 1048576; 8. */
-    CHECK_EQ(plan(&c, 256).workspace_bytes, 131072 + 10240 + 136 + 262144 + 1048576 + 8);
-    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1452176);
+     * y and x in expert order 2 x 512 x 512 x 2 = 1048576; 8; shared weights 256 x 4. */
+    CHECK_EQ(plan(&c, 256).workspace_bytes,
+             131072 + 10240 + 136 + 262144 + 1048576 + 8 + 1024);
+    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1453200);
 }
 
 /* SM90, a DeepSeek-V3-sized layer: E = 256, k = 8, H = 7168, I = 2048. */
@@ -410,6 +412,68 @@ static void test_invariants(void)
     }
 }
 
+/* v2: a shared expert (S chunks of I: rows per token k + S, experts in the GEMMs E + S), a
+ * shared gate (one more router column), and the caller's routing (no top-k; the router
+ * GEMM only for the gate's one column). Qwen3-Next's shape: E = 512, k = 10, H = 2048,
+ * I = 512, a gated shared expert of 512. */
+static void test_shared_and_caller_routing(void)
+{
+    sci_moe_config c = config(512, 10, 2048, 512, SC_MOE_BACKEND_SM90);
+    c.shared = 1;
+    c.groups = 513;
+    c.slots = 11;
+    c.logit_cols = 513;
+    /* T = 1: one routing launch over ceil(513 / 2) = 257 blocks (the gate's column too). */
+    sci_moe_plan p = plan(&c, 1);
+    CHECK(p.route_small);
+    CHECK_EQ(p.rows, 11);
+    CHECK_EQ(p.route.grid.x, 257);
+    /* T = 100: router over 513 columns in 5 column tiles; offsets a thread per group in
+     * whole warps (544); 1100 rows; M tiles 1100 / 128 + 513 = 521 (W13: 521 x 512 / 128). */
+    p = plan(&c, 100);
+    CHECK(!p.route_small);
+    CHECK_EQ(p.router.grid.y, 5);
+    CHECK_EQ(p.rows, 1100);
+    CHECK_LAUNCH(p.offsets, 1, 1, 1, 544, 0);
+    NOT_LAUNCHED(p.count_ids);
+    /* The caller's routing: for T = 1 too in steps; a thread per token counts the ids; the
+     * gate's column alone, as the layer's own routing computes it: for few tokens in one
+     * block as the one-launch routing does, else by the router with the routing's splits
+     * of H over the one column tile. */
+    sci_moe_plan q;
+    sci_moe_plan_make(&c, 1, true, &q);
+    CHECK(!q.route_small);
+    NOT_LAUNCHED(q.topk);
+    NOT_LAUNCHED(q.router);
+    CHECK_LAUNCH(q.gate_small, 1, 1, 1, 256, 0);
+    CHECK_LAUNCH(q.count_ids, 1, 1, 1, 256, 0);
+    CHECK_EQ(q.rows, 11);
+    sci_moe_plan_make(&c, 1000, true, &q);
+    CHECK_LAUNCH(q.count_ids, 4, 1, 1, 256, 0);
+    NOT_LAUNCHED(q.gate_small);
+    sci_moe_plan own = plan(&c, 1000);
+    CHECK_EQ(q.router.grid.x, own.router.grid.x);
+    CHECK_EQ(q.router.grid.y, 1);
+    CHECK_EQ(q.router.grid.z, own.router.grid.z);
+    CHECK_EQ(q.router_k_chunk, own.router_k_chunk);
+    /* Without a gate the caller's routing makes no router launch. */
+    c.logit_cols = 512;
+    sci_moe_plan_make(&c, 1000, true, &q);
+    NOT_LAUNCHED(q.router);
+    /* The workspace: logits per router column, ids and weights T x k, the rows T (k + S),
+     * counts and offsets per group, a shared weight per token. */
+    uint64_t n[SCI_MOE_W_COUNT];
+    c.logit_cols = 513;
+    sci_moe_workspace_counts(&c, 100, n);
+    CHECK_EQ(n[SCI_MOE_W_LOGITS], 100 * 16 * 513); /* 16 splits' slices of 100 tokens */
+    CHECK_EQ(n[SCI_MOE_W_IDS], 1000);
+    CHECK_EQ(n[SCI_MOE_W_POS], 1100);
+    CHECK_EQ(n[SCI_MOE_W_H], 1100 * 512);
+    CHECK_EQ(n[SCI_MOE_W_COUNTS], 513);
+    CHECK_EQ(n[SCI_MOE_W_ROW_OFF], 514);
+    CHECK_EQ(n[SCI_MOE_W_SHARED_W], 100);
+}
+
 int main(void)
 {
     test_sm90_small_layer();
@@ -420,5 +484,6 @@ int main(void)
     test_workspace_growth_and_limits();
     test_tables();
     test_invariants();
+    test_shared_and_caller_routing();
     return test_result("test_moe_plan");
 }
