@@ -21,7 +21,7 @@
 
 static sc_context ctx;
 
-#define CHECK_FAIL(expr, want, needle)                                                    \
+#define CHECK_FAIL_SAYS(expr, want, needle)                                                    \
     do {                                                                                  \
         sc_clear_error();                                                                 \
         CHECK_STATUS(expr, want);                                                         \
@@ -244,35 +244,35 @@ static void test_forward_checks(void)
     sc_buffer ids = buf(SC_I32, T * k), wts = buf(SC_F32, T * k), f = buf(SC_F32, T * k);
     sc_buffer small = buf(SC_I32, T * k - 1);
     const sc_view xv = sc_view_of(x), ov = sc_view_of(out);
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids)}),
                SC_ERR_INVALID_ARGUMENT, "routing_ids and opts->routing_weights go together");
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_weights = sc_view_of(wts)}),
                SC_ERR_INVALID_ARGUMENT, "routing_weights is given");
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_ids = sc_view_of(f),
                                                      .routing_weights = sc_view_of(wts)}),
                SC_ERR_TYPE_MISMATCH, "opts->routing_ids");
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids),
                                                      .routing_weights = sc_view_of(ids)}),
                SC_ERR_TYPE_MISMATCH, "opts->routing_weights");
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_ids = sc_view_of(small),
                                                      .routing_weights = sc_view_of(wts)}),
                SC_ERR_OUT_OF_BOUNDS, "opts->routing_ids has 19 elements; T x k = 5 x 4 = 20");
-    CHECK_FAIL(sc_moe_route(SC_DEFAULT_STREAM, layer, xv, sc_view_of(small), sc_view_of(wts)),
+    CHECK_FAIL_SAYS(sc_moe_route(SC_DEFAULT_STREAM, layer, xv, sc_view_of(small), sc_view_of(wts)),
                SC_ERR_OUT_OF_BOUNDS, "ids has 19 elements");
-    CHECK_FAIL(sc_moe_route(SC_DEFAULT_STREAM, layer, xv, sc_view_of(ids), sc_view_of(ids)),
+    CHECK_FAIL_SAYS(sc_moe_route(SC_DEFAULT_STREAM, layer, xv, sc_view_of(ids), sc_view_of(ids)),
                SC_ERR_TYPE_MISMATCH, "weights (buffer");
-    CHECK_FAIL(sc_moe_route(SC_DEFAULT_STREAM, layer, sc_view_of(wts), sc_view_of(ids),
+    CHECK_FAIL_SAYS(sc_moe_route(SC_DEFAULT_STREAM, layer, sc_view_of(wts), sc_view_of(ids),
                             sc_view_of(wts)),
                SC_ERR_TYPE_MISMATCH, "x is f32");
     sc_moe gone;
     REQUIRE(sc_moe_create(ctx, &d, &gone) == SC_OK);
     CHECK_OK(sc_moe_destroy(gone));
-    CHECK_FAIL(sc_moe_routing_check(SC_DEFAULT_STREAM, gone), SC_ERR_STALE_HANDLE,
+    CHECK_FAIL_SAYS(sc_moe_routing_check(SC_DEFAULT_STREAM, gone), SC_ERR_STALE_HANDLE,
                "sc_moe_routing_check");
     /* The outputs of the routing used may be the caller's views themselves, not overlap
      * them otherwise. */
@@ -281,7 +281,7 @@ static void test_forward_checks(void)
                                                    .routing_weights = sc_view_of(wts),
                                                    .expert_ids = sc_view_of(ids),
                                                    .expert_weights = sc_view_of(wts)}));
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){
                                   .routing_ids = (sc_view){ids, 0, T * k},
                                   .routing_weights = sc_view_of(wts),
@@ -290,7 +290,7 @@ static void test_forward_checks(void)
                SC_ERR_OUT_OF_BOUNDS, "opts->expert_ids");
     sc_buffer two = buf(SC_I32, 2 * T * k);
     CHECK_OK(sc_copy(SC_DEFAULT_STREAM, (sc_view){two, 0, T * k}, sc_view_of(ids)));
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){
                                   .routing_ids = (sc_view){two, 0, T * k},
                                   .routing_weights = sc_view_of(wts),
@@ -320,13 +320,13 @@ static void test_stale_view(void)
     REQUIRE(sc_moe_create(ctx, &d, &layer) == SC_OK);
     sc_buffer x = buf(SC_BF16, 128), out = buf(SC_BF16, 128);
     CHECK_OK(sc_buffer_destroy(w.f32));
-    CHECK_FAIL(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out), NULL),
+    CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out), NULL),
                SC_ERR_STALE_HANDLE, "desc->selection_bias");
     /* and a destroyed buffer given to create. */
     sc_moe other;
     d.w13_view.buffer = x;
     CHECK_OK(sc_buffer_destroy(x));
-    CHECK_FAIL(sc_moe_create(ctx, &d, &other), SC_ERR_STALE_HANDLE, "desc->w13_view");
+    CHECK_FAIL_SAYS(sc_moe_create(ctx, &d, &other), SC_ERR_STALE_HANDLE, "desc->w13_view");
     CHECK_OK(sc_moe_destroy(layer));
     CHECK_OK(sc_buffer_destroy(out));
     CHECK_OK(sc_buffer_destroy(w.bf));
