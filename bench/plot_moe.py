@@ -32,7 +32,7 @@ SERIES = (  # column, label, style
     ("ours_ms", "safecuda sc_moe_forward", dict(color="C0", marker="o", lw=2)),
     ("loop_ms", "torch expert loop", dict(color="C3", marker="s", lw=1.2)),
     ("grouped_ms", "torch _grouped_mm", dict(color="C2", marker="^", lw=1.2)),
-    ("floor_ms", "floor max(bytes/copy, FLOPs/matmul)", dict(color="k", ls="--", lw=1)),
+    ("floor_ms", "floor max(bytes/memory rate, FLOPs/matmul)", dict(color="k", ls="--", lw=1)),
     ("baseline_ms", "baseline (an earlier run)", dict(color="C0", ls=":", marker=".", lw=1)),
 )
 
