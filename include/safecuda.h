@@ -310,6 +310,10 @@ typedef enum sc_dtype {
     SC_DTYPE_INVALID = 0,
     SC_U8, SC_I8, SC_U16, SC_I16, SC_U32, SC_I32, SC_U64, SC_I64,
     SC_F16, SC_BF16, SC_F32, SC_F64,
+    SC_F8E4M3, /* 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities, max 448
+                  (OCP e4m3fn; CUDA __nv_fp8_e4m3, torch.float8_e4m3fn) */
+    SC_F8E5M2, /* 8-bit float, 5 exponent bits, 2 mantissa bits, IEEE-like, max 57344
+                  (CUDA __nv_fp8_e5m2, torch.float8_e5m2) */
     SC_DTYPE_COUNT
 } sc_dtype;
 

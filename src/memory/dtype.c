@@ -15,6 +15,8 @@ static const struct {
     [SC_U64] = {8, "u64", kDLUInt, 64},    [SC_I64] = {8, "i64", kDLInt, 64},
     [SC_F16] = {2, "f16", kDLFloat, 16},   [SC_BF16] = {2, "bf16", kDLBfloat, 16},
     [SC_F32] = {4, "f32", kDLFloat, 32},   [SC_F64] = {8, "f64", kDLFloat, 64},
+    [SC_F8E4M3] = {1, "f8e4m3", kDLFloat8_e4m3fn, 8},
+    [SC_F8E5M2] = {1, "f8e5m2", kDLFloat8_e5m2, 8},
 };
 
 size_t sc_dtype_size(sc_dtype dtype)

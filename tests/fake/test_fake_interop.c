@@ -523,9 +523,15 @@ static void test_dtypes(void)
     CHECK_MSG("2 lanes");
     CHECK_FAIL(sc_dtype_from_dlpack((DLDataType){kDLFloat, 8, 1}, &d), SC_ERR_TYPE_MISMATCH,
                "sc_dtype_from_dlpack");
-    CHECK_FAIL(sc_dtype_from_dlpack((DLDataType){kDLFloat8_e4m3fn, 8, 1}, &d),
+    /* fp8: e4m3fn and e5m2 are safecuda's; the other 8-bit float flavours are not */
+    CHECK_OK(sc_dtype_from_dlpack((DLDataType){kDLFloat8_e4m3fn, 8, 1}, &d));
+    CHECK(d == SC_F8E4M3);
+    CHECK_OK(sc_dtype_from_dlpack((DLDataType){kDLFloat8_e5m2, 8, 1}, &d));
+    CHECK(d == SC_F8E5M2);
+    CHECK_FAIL(sc_dtype_from_dlpack((DLDataType){kDLFloat8_e4m3fnuz, 8, 1}, &d),
                SC_ERR_TYPE_MISMATCH, "sc_dtype_from_dlpack");
-    CHECK_MSG("float8_e4m3fn");
+    CHECK_FAIL(sc_dtype_from_dlpack((DLDataType){kDLFloat8_e5m2fnuz, 8, 1}, &d),
+               SC_ERR_TYPE_MISMATCH, "sc_dtype_from_dlpack");
 }
 
 /* ---- DLPack import ---------------------------------------------------------------------------- */

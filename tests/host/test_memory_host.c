@@ -20,6 +20,7 @@ static void test_dtypes(void)
         {SC_U8, 1, "u8"},   {SC_I8, 1, "i8"},     {SC_U16, 2, "u16"}, {SC_I16, 2, "i16"},
         {SC_U32, 4, "u32"}, {SC_I32, 4, "i32"},   {SC_U64, 8, "u64"}, {SC_I64, 8, "i64"},
         {SC_F16, 2, "f16"}, {SC_BF16, 2, "bf16"}, {SC_F32, 4, "f32"}, {SC_F64, 8, "f64"},
+        {SC_F8E4M3, 1, "f8e4m3"}, {SC_F8E5M2, 1, "f8e5m2"},
     };
     size_t n = sizeof table / sizeof table[0];
     CHECK(n == (size_t)SC_DTYPE_COUNT - 1); /* every valid dtype is in the table */
