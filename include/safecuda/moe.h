@@ -8,7 +8,8 @@
  * are W1), then y_e = h W2[e]^T (W2 [E, H, I]); out[t] = sum over the chosen e of
  * weight(t, e) * y_e[t].
  *
- * bf16 weights and activations, fp32 accumulation, tensor cores: on sm_90 (H100, H200)
+ * bf16 weights (or e4m3 experts with block scales: expert_dtype below) and bf16
+ * activations, fp32 accumulation, tensor cores: on sm_90 (H100, H200)
  * warpgroup MMAs fed by the bulk tensor copy engine, elsewhere (sm_80+) mma.sync. The
  * forward pass makes no host synchronization (expert counts stay on the device) and is
  * deterministic: the same input gives bit-identical output.
@@ -110,6 +111,21 @@ typedef struct sc_moe_desc {
     sc_view shared_w2;    /* [H, I_s] bf16 */
     sc_view shared_gate;  /* optional [H] bf16: the shared expert's output is scaled by
                              sigmoid(x . shared_gate) (Qwen3-Next) */
+    /* ---- fp8 experts (DeepSeek-V3/R1, Kimi K2, Qwen3-FP8, GLM-4.5-FP8 checkpoints) ----
+     * expert_dtype SC_F8E4M3: w13, w2, shared_w13 and shared_w2 are e4m3 (OCP e4m3fn), each
+     * 128 x 128 block of a weight matrix with one f32 scale (the checkpoints'
+     * weight_scale_inv: weight = e4m3 value x scale), in the checkpoints' layout:
+     *   w13_scale [E, 2I/128, H/128] (the blocks of W13's 2I rows in w13_layout order),
+     *   w2_scale [E, H/128, I/128], shared_w13_scale [2 I_s/128, H/128],
+     *   shared_w2_scale [H/128, I_s/128].
+     * x and out stay bf16, the router, shared gate and biases as above. x is quantized per
+     * token per 128 channels where it is gathered (scale = amax / 448, e4m3 round to nearest
+     * even, saturating), h likewise where the activation makes it; the GEMMs run e4m3
+     * warpgroup MMAs and apply the block scales to fp32 partial sums every 128 of K. H and I
+     * must be multiples of 128; SM90 backend (compute capability 9.0) only. 0 or SC_BF16:
+     * bf16 experts (then no scale may be given). */
+    sc_dtype expert_dtype;
+    sc_view w13_scale, w2_scale, shared_w13_scale, shared_w2_scale;
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
@@ -120,10 +136,13 @@ typedef struct sc_moe_desc {
  *                            compute (the message names the field), a weight of the wrong
  *                            element count, a view not 16-byte aligned, a weight given both
  *                            as a buffer and as a view, or neither;
- *   SC_ERR_TYPE_MISMATCH     a weight buffer of another dtype than desc->dtype (the bias:
- *                            other than f32);
- *   SC_ERR_NOT_SUPPORTED     a dtype other than bf16, a device older than sm_80, or
- *                            backend SM90 on a device other than sm_90;
+ *   SC_ERR_TYPE_MISMATCH     a weight buffer of another dtype than desc->dtype (the experts'
+ *                            weights: desc->expert_dtype; the biases and scales: other than
+ *                            f32);
+ *   SC_ERR_NOT_SUPPORTED     a dtype other than bf16, an expert_dtype other than bf16 or
+ *                            f8e4m3, a device older than sm_80, backend SM90 on a device
+ *                            other than sm_90, or fp8 experts on the MMA backend or a device
+ *                            other than sm_90;
  *   SC_ERR_NO_COMPILER, SC_ERR_COMPILE  the kernels can't be compiled (NVRTC missing);
  *   SC_ERR_OUT_OF_MEMORY, SC_ERR_BUDGET_EXCEEDED  the workspace does not fit. */
 SC_API sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,

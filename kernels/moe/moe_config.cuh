@@ -45,39 +45,39 @@
 #endif
 
 /* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
- * 64 CONS), BN columns of B per tile (for W13: BN/2 gate + BN/2 up rows, so BN/2 columns
- * of h), K steps of 64 through STAGES TMA stages; GROUP_M M tiles share each N tile. The
- * large tile is for prefill, the small one streams weights for decode. */
+ * 64 CONS), BN rows of B per pipeline stage (for W13: BN/2 gate + BN/2 up rows, so BN/2
+ * columns of h), 128 bytes of K per stage (64 bf16 or 128 e4m3) through STAGES TMA stages;
+ * GROUP_M M tiles share each N tile. An fp8 W13 tile computes 128 columns of h (one block
+ * of h's per-128 scales) in SUBS = 128 / (BN/2) passes over K, so that its epilogue sees a
+ * whole block. */
 /* GROUP_M: M tiles that share each N tile, chosen so that their A rows (GROUP_M x BM x K
- * bf16) stay within GROUP_BYTES of L2 while the N tiles sweep past, 1 .. GROUP_M_MAX. */
+ * bytes) stay within GROUP_BYTES of L2 while the N tiles sweep past, 1 .. GROUP_M_MAX. */
 #define SC_MOE_SM90_GROUP_BYTES (16u << 20)
 #define SC_MOE_SM90_GROUP_M_MAX 16
-#define SC_MOE_SM90_LARGE_CONS 2
-#define SC_MOE_SM90_LARGE_BN 256
-#define SC_MOE_SM90_LARGE_STAGES 4
-#define SC_MOE_SM90_LARGE_A_BOX 64 /* rows per A copy: only the boxes with rows are copied */
-#define SC_MOE_SM90_SMALL_CONS 1
-#define SC_MOE_SM90_SMALL_BN 64
-#define SC_MOE_SM90_SMALL_STAGES 4
-#define SC_MOE_SM90_SMALL_A_BOX 8
-#define SC_MOE_SM90_SMALL_CTAS_PER_SM 3
-/* A medium tile (BN = 128, deeper ring) for tuning comparisons (SAFECUDA_MOE_TILE=medium). */
-#define SC_MOE_SM90_MEDIUM_CONS 2
-#define SC_MOE_SM90_MEDIUM_BN 128
-#define SC_MOE_SM90_MEDIUM_STAGES 6
-#define SC_MOE_SM90_MEDIUM_A_BOX 64
-/* A wide tile (one consumer, BN = 256) for tuning comparisons (SAFECUDA_MOE_TILE=wide). */
-#define SC_MOE_SM90_WIDE_CONS 1
-#define SC_MOE_SM90_WIDE_BN 256
-#define SC_MOE_SM90_WIDE_STAGES 5
-#define SC_MOE_SM90_WIDE_A_BOX 16
-/* Rows per expert (T k / E on average) up to which the small tile is used. */
+/* The tile shapes: one line each, the one list that generates the kernels (moe_sm90a.cu),
+ * the host's kernel and tile tables (src/moe/plan.c) and their enums (plan.h).
+ *   X(ID, name, precision, CONS, BN, STAGES, A_BOX, CTAS_PER_SM)
+ * ID names the enums (SCI_MOE_TILE_ID, SCI_MOE_K_W13_ID, SCI_MOE_K_W2_ID); name is the
+ * kernels' suffix and what SAFECUDA_MOE_TILE says; precision BF16 or E4M3; A_BOX: rows of A
+ * per copy (only the boxes holding rows are copied). large is for prefill, small streams
+ * weights for decode, medium and wide are for tuning comparisons. */
+#define SC_MOE_SM90_TILES(X)                                                                \
+    X(LARGE, large, BF16, 2, 256, 4, 64, 1)                                                 \
+    X(SMALL, small, BF16, 1, 64, 4, 8, 3)                                                   \
+    X(MEDIUM, medium, BF16, 2, 128, 6, 64, 1)                                               \
+    X(WIDE, wide, BF16, 1, 256, 5, 16, 1)                                                   \
+    X(FP8_LARGE, fp8_large, E4M3, 2, 128, 6, 64, 1)                                         \
+    X(FP8_SMALL, fp8_small, E4M3, 1, 128, 8, 8, 1)
+/* Rows per expert (T k / E on average) up to which the small tiles are used. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
  * and tile offsets. */
 #define SC_MOE_SM90_SMEM(CONS, BN, STAGES)                                                \
     (1024 + (STAGES) * ((CONS) * 64 * 128 + (BN) * 128) + 2 * (STAGES) * 8 +              \
      2 * (SC_MOE_MAX_GROUPS + 1) * 4)
+/* fp8 experts: 128 x 128 weight blocks, activations scaled per row per 128 channels. */
+#define SC_MOE_FP8_BLOCK 128
+#define SC_MOE_GATHER_FP8_WARPS 8 /* x gathered and quantized: one warp per row */
 #define SC_MOE_COMBINE_THREADS 256
 
 /* The routing's parameters: one kernel argument (by value) of the routing kernels. */
@@ -100,6 +100,10 @@ typedef struct sc_moe_expert_params {
     int act;           /* sc_moe_activation */
     float alpha, limit;
     int has_bias;      /* the routed experts' W13 and W2 biases */
+    int kshift;        /* bf16 routed weights: K starts this many elements before the
+                          copies' boxes (the weight view's misalignment within 128 bytes),
+                          so that every box starts 128-byte aligned; A shifts alike */
+    int rows_cap;      /* fp8: rows of the workspace (the row scales' stride) */
 } sc_moe_expert_params;
 
 #endif

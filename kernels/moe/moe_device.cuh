@@ -39,6 +39,21 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
     return r;
 }
 
+// Two floats to packed e4m3 (round to nearest even, saturating to +-448): lo in the low
+// byte. fp8 conversions exist from sm_89 on; the fp8 layer runs on sm_90 only, and this
+// file is also compiled for older targets, where it is never called.
+__device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
 // The group (expert) of M tile m: the last of the groups whose first tile, in the
 // ascending tile_off[0 .. groups - 1], is <= m.
 __device__ __forceinline__ int group_of_tile(const int *tile_off, int groups, int m)

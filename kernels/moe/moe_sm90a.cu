@@ -6,9 +6,18 @@
 //
 // A CTA has 1 producer warpgroup (one thread issues the TMA copies) and CONS consumer
 // warpgroups; each consumer owns 64 rows of the BM = 64 * CONS row tile and all BN columns.
-// Stage s of the ring holds an A tile [BM x 64] and a B tile [BN x 64] of bf16, each row 128
-// bytes in the 128-byte swizzle that TMA writes and wgmma reads. full[s] completes when the
-// copies land (transaction bytes); empty[s] when every consumer is done with the stage.
+// Stage s of the ring holds an A tile [BM x 128 bytes] and a B tile [BN x 128 bytes] (64 bf16
+// or 128 e4m3 of K), in the 128-byte swizzle that TMA writes and wgmma reads. full[s]
+// completes when the copies land (transaction bytes); empty[s] when every consumer is done
+// with the stage.
+//
+// One kernel, two precisions: the precision (prec_bf16, prec_e4m3) is a template parameter
+// of the one pipeline, schedule and epilogue. bf16 accumulates every MMA into fp32. e4m3
+// (fp8 experts, DeepSeek-V3's block-scaled checkpoints) computes each stage's 128 of K into
+// fp32 partial sums, then adds them to the accumulators multiplied by the row's activation
+// scale and the weight block's scale (the 128 x 128 block scales apply to whole stages);
+// W13's epilogue quantizes h per row per 128 columns (a tile computes 128 columns of h in
+// two passes over K) and writes e4m3 h with its scales, which W2 reads as its A.
 //
 // Tiles: the M tiles of every expert in turn (row_offsets / BM per expert) times the N
 // tiles; CTAs take tiles t = blockIdx.x, + gridDim.x, ... in a grouped order (GROUP_M M
@@ -24,6 +33,17 @@
 #include "moe/moe_device.cuh"
 
 typedef unsigned short bf16_t;
+typedef unsigned char fp8_t;
+
+// The precisions: bytes of K per stage are 128 for both.
+struct prec_bf16 {
+    static constexpr bool FP8 = false;
+    static constexpr int KS = 64; // elements of K per stage (4 MMAs of k16)
+};
+struct prec_e4m3 {
+    static constexpr bool FP8 = true;
+    static constexpr int KS = 128; // elements of K per stage (4 MMAs of k32), one scale block
+};
 
 // A CUtensorMap as the kernel receives it (128 bytes, by value, __grid_constant__).
 struct __align__(64) tmap_t {
@@ -143,28 +163,34 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr)
 #define SC_WGMMA_ACC_64(i) SC_WGMMA_ACC_32(i), SC_WGMMA_ACC_32((i) + 32)
 #define SC_WGMMA_ACC_128(i) SC_WGMMA_ACC_64(i), SC_WGMMA_ACC_64((i) + 64)
 
-template <int N> __device__ __forceinline__ void wgmma_tile(float *d, unsigned long long da,
-                                                            unsigned long long db, int scale_d);
+template <class P, int N> struct wgmma_tile;
 
-// wgmma_tile<N> with R accumulators; DA, DB and SCALE_D are the operand numbers R, R + 1
-// and R + 2, written out because the asm text is a literal (checked below).
-#define SC_WGMMA_TILE(N, R, DA, DB, SCALE_D)                                                 \
-    template <>                                                                              \
-    __device__ __forceinline__ void wgmma_tile<N>(float *d, unsigned long long da,           \
-                                                  unsigned long long db, int scale_d)        \
-    {                                                                                        \
-        static_assert(R == N / 2 && DA == R && DB == R + 1 && SCALE_D == R + 2,              \
-                      "wgmma_tile: operand numbers");                                        \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE_D ", 0;\n"                 \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {"            \
-                     SC_WGMMA_REGS_##R "}, %" #DA ", %" #DB ", p, 1, 1, 0, 0;\n}\n"          \
-                     : SC_WGMMA_ACC_##R(0)                                                   \
-                     : "l"(da), "l"(db), "r"(scale_d));                                      \
-    }
-//            N    R    A    B    scale_d
-SC_WGMMA_TILE(64,  32,  32,  33,  34)
-SC_WGMMA_TILE(128, 64,  64,  65,  66)
-SC_WGMMA_TILE(256, 128, 128, 129, 130)
+// wgmma_tile<P, N>::run with R accumulators; DA, DB and SCALE_D are the operand numbers R,
+// R + 1 and R + 2, written out because the asm text is a literal (checked below). TYPES is
+// the instruction's shape suffix and operand types; IMM its immediates after scale_d
+// (bf16: no negation, both K-major; e4m3 takes no transpose immediates: K-major only).
+#define SC_WGMMA_TILE(P, TYPES, IMM, N, R, DA, DB, SCALE_D)                                  \
+    template <> struct wgmma_tile<P, N> {                                                    \
+        static __device__ __forceinline__ void run(float *d, unsigned long long da,          \
+                                                   unsigned long long db, int scale_d)       \
+        {                                                                                    \
+            static_assert(R == N / 2 && DA == R && DB == R + 1 && SCALE_D == R + 2,          \
+                          "wgmma_tile: operand numbers");                                    \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE_D ", 0;\n"             \
+                         "wgmma.mma_async.sync.aligned.m64n" #N TYPES " {"                   \
+                         SC_WGMMA_REGS_##R "}, %" #DA ", %" #DB ", p, " IMM ";\n}\n"        \
+                         : SC_WGMMA_ACC_##R(0)                                               \
+                         : "l"(da), "l"(db), "r"(scale_d));                                  \
+        }                                                                                    \
+    };
+#define SC_BF16_MMA "k16.f32.bf16.bf16"
+#define SC_E4M3_MMA "k32.f32.e4m3.e4m3"
+//            precision  types        immediates    N    R    A    B    scale_d
+SC_WGMMA_TILE(prec_bf16, SC_BF16_MMA, "1, 1, 0, 0", 64,  32,  32,  33,  34)
+SC_WGMMA_TILE(prec_bf16, SC_BF16_MMA, "1, 1, 0, 0", 128, 64,  64,  65,  66)
+SC_WGMMA_TILE(prec_bf16, SC_BF16_MMA, "1, 1, 0, 0", 256, 128, 128, 129, 130)
+SC_WGMMA_TILE(prec_e4m3, SC_E4M3_MMA, "1, 1",       64,  32,  32,  33,  34)
+SC_WGMMA_TILE(prec_e4m3, SC_E4M3_MMA, "1, 1",       128, 64,  64,  65,  66)
 
 // ---- the tile schedule ---------------------------------------------------------------------
 
@@ -201,12 +227,16 @@ __device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, int gr
 //
 // MODE_W13: A = x in expert order [R, H]; B = the gate and up rows of W13 through two maps
 //           (g_map, u_map: row r of each is expert r / rows_per_expert's gate / up row), and
-//           of the shared W13 through sg_map, su_map (chunk s's rows at s I); a tile's B
+//           of the shared W13 through sg_map, su_map (chunk s's rows at s I); a stage's B
 //           rows are BN/2 gate rows then the BN/2 up rows of the same columns; out = h [R, I]
-//           with h = act(gate + bias, up + bias), BN/2 columns per tile.
+//           with h = act(gate + bias, up + bias), SUBS x BN/2 columns per tile.
 // MODE_W2:  A = h [R, I]; B = W2 [E * H, I] through g_map, the shared W2 [H, S I] through
 //           sg_map (chunk s at column s I); out = y [R, H] = weight(row) * (h W2^T + bias),
 //           BN columns per tile.
+// e4m3: a_scale [K / 128][rows_cap] (the rows' activation scales), b_scale the routed
+// weight's block scales in the checkpoint layout ([E, 2I/128, H/128] for W13, [E, H/128,
+// I/128] for W2), sb_scale the shared expert's ([2 I_s/128, H/128], [H/128, I_s/128]);
+// W13 writes h as e4m3 into out with its scales in out_scale [I / 128][rows_cap].
 enum { MODE_W13 = 0, MODE_W2 = 1 };
 
 template <int CONS, int BN, int STAGES> struct cfg {
@@ -218,18 +248,39 @@ template <int CONS, int BN, int STAGES> struct cfg {
     static constexpr int SMEM = SC_MOE_SM90_SMEM(CONS, BN, STAGES);
 };
 
-template <int MODE, int CONS, int BN, int STAGES, int A_BOX>
-__device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *g_map,
-                                             const tmap_t *u_map, const tmap_t *sg_map,
-                                             const tmap_t *su_map, bf16_t *out,
-                                             const float *row_weight, const float *bias,
-                                             const int *row_offsets,
-                                             const sc_moe_expert_params &q, int N, int K,
-                                             int b_rows_per_expert)
+struct gemm_args {
+    const tmap_t *a_map, *g_map, *u_map, *sg_map, *su_map;
+    void *out;               // h (bf16 or e4m3) or y (bf16)
+    float *out_scale;        // e4m3 W13: h's scales
+    const float *row_weight; // W2: the rows' routing weights
+    const float *bias;
+    const float *a_scale, *b_scale, *sb_scale; // e4m3
+    const int *row_offsets;
+    int N, K, b_rows_per_expert;
+};
+
+// The K range of a tile: routed bf16 weights start kshift elements early (boxes 128-byte
+// aligned in the weight; the columns before 0 read as zeros in A and B alike).
+__device__ __forceinline__ int tile_kshift(const sc_moe_expert_params &q, bool routed)
+{
+    return routed ? q.kshift : 0;
+}
+
+template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS>
+__device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_expert_params &q)
 {
     typedef cfg<CONS, BN, STAGES> C;
-    constexpr int BM = C::BM;
-    const int E = q.E, groups = q.groups, group_m = q.group_m;
+    constexpr int BM = C::BM, KS = P::KS;
+    static_assert(MODE == MODE_W13 || SUBS == 1, "W2 tiles are one pass");
+    static_assert(!P::FP8 || MODE == MODE_W2 || SUBS * (BN / 2) == SC_MOE_FP8_BLOCK,
+                  "an fp8 W13 tile computes one block of h's scales");
+    static_assert(!P::FP8 || SC_MOE_FP8_BLOCK % BN == 0 || MODE == MODE_W13,
+                  "an fp8 W2 tile lies in one block of W2's scales");
+    static_assert(P::FP8 || SUBS == 1, "bf16 W13 tiles are one pass");
+    // Consumers give a stage back once per warpgroup (bf16) or once per warp (e4m3, whose
+    // warps wait for their own MMAs before the promotion).
+    constexpr int RELEASES = P::FP8 ? 4 * CONS : CONS;
+    const int E = q.E, groups = q.groups, group_m = q.group_m, N = g.N, K = g.K;
     extern __shared__ unsigned char smem_raw[];
     // The ring, 1024-byte aligned for the 128-byte swizzle.
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -243,23 +294,23 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     const int tid = threadIdx.x;
     griddep_enter(); // (a programmatic launch: see moe_device.cuh)
     // The offsets: rows per group from row_offsets, M tiles per group scanned by warp 0.
-    for (int g = tid; g <= groups; g += C::THREADS)
-        row_off[g] = row_offsets[g];
+    for (int i = tid; i <= groups; i += C::THREADS)
+        row_off[i] = g.row_offsets[i];
     __syncthreads();
     if (tid < 32) {
         const int lane = tid;
         int carry = 0;
         for (int b = 0; b < groups; b += 32) {
-            const int g = b + lane;
-            const int v = g < groups ? (row_off[g + 1] - row_off[g] + BM - 1) / BM : 0;
+            const int gi = b + lane;
+            const int v = gi < groups ? (row_off[gi + 1] - row_off[gi] + BM - 1) / BM : 0;
             int incl = v;
             for (int o = 1; o < 32; o <<= 1) {
                 int u = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o)
                     incl += u;
             }
-            if (g < groups)
-                tile_off[g] = carry + incl - v;
+            if (gi < groups)
+                tile_off[gi] = carry + incl - v;
             carry += __shfl_sync(0xffffffffu, incl, 31);
         }
         if (lane == 0)
@@ -268,7 +319,7 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(full_bar + s * 8, 1);
-            mbar_init(empty_bar + s * 8, CONS);
+            mbar_init(empty_bar + s * 8, RELEASES);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -276,8 +327,8 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
     __syncthreads();
 
     const int m_total = tile_off[groups];
-    const int n_tiles = MODE == MODE_W13 ? (N + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
-    const int k_tiles = (K + 63) / 64;
+    constexpr int NW = MODE == MODE_W13 ? SUBS * (BN / 2) : BN; // output columns per tile
+    const int n_tiles = (N + NW - 1) / NW;
     const int wg = tid >> 7;
 
     if (wg == 0) {
@@ -285,45 +336,51 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
         if (CONS > 1) // free registers for the consumers (one consumer has plenty)
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            tma_prefetch_map(a_map);
-            tma_prefetch_map(g_map);
+            tma_prefetch_map(g.a_map);
+            tma_prefetch_map(g.g_map);
             if (MODE == MODE_W13)
-                tma_prefetch_map(u_map);
+                tma_prefetch_map(g.u_map);
             if (groups > E) {
-                tma_prefetch_map(sg_map);
+                tma_prefetch_map(g.sg_map);
                 if (MODE == MODE_W13)
-                    tma_prefetch_map(su_map);
+                    tma_prefetch_map(g.su_map);
             }
             int it = 0;
             tile_t tl;
             for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
                  t += gridDim.x) {
                 const bool routed = tl.e < E;
-                // B's row and column of this tile (the shared W2 chunk: its columns).
-                const int b_row = MODE == MODE_W13
-                                      ? (routed ? tl.e * b_rows_per_expert : (tl.e - E) * q.I) +
-                                            tl.n * (BN / 2)
-                                      : (routed ? tl.e * b_rows_per_expert : 0) + tl.n * BN;
-                const int b_col = MODE == MODE_W2 && !routed ? (tl.e - E) * q.I : 0;
-                const tmap_t *gm = routed ? g_map : sg_map, *um = routed ? u_map : su_map;
-                for (int kt = 0; kt < k_tiles; kt++, it++) {
-                    const int s = it % STAGES;
-                    const unsigned ph = (unsigned)(it / STAGES) & 1u;
-                    mbar_wait(empty_bar + s * 8, ph ^ 1u);
-                    const unsigned fb = full_bar + s * 8;
-                    const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
-                    // A: only the boxes of A_BOX rows that hold rows of this expert (a
-                    // decode tile has few); the other rows of the stage keep stale data,
-                    // computed and never stored.
-                    const int a_boxes = (min(BM, tl.row_end - tl.row0) + A_BOX - 1) / A_BOX;
-                    mbar_expect_tx(fb, a_boxes * A_BOX * 128 + C::B_BYTES);
-                    for (int i = 0; i < a_boxes; i++)
-                        tma_load_2d(sa + i * A_BOX * 128, a_map, kt * 64, tl.row0 + i * A_BOX, fb);
-                    if (MODE == MODE_W13) {
-                        tma_load_2d(sb, gm, kt * 64, b_row, fb);
-                        tma_load_2d(sb + (BN / 2) * 128, um, kt * 64, b_row, fb);
-                    } else {
-                        tma_load_2d(sb, gm, b_col + kt * 64, b_row, fb);
+                const int ksh = tile_kshift(q, routed);
+                const int k_tiles = (K + ksh + KS - 1) / KS;
+                const tmap_t *gm = routed ? g.g_map : g.sg_map, *um = routed ? g.u_map : g.su_map;
+                // A: only the boxes of A_BOX rows that hold rows of this expert (a decode
+                // tile has few); the other rows of the stage keep stale data, computed and
+                // never stored.
+                const int a_boxes = (min(BM, tl.row_end - tl.row0) + A_BOX - 1) / A_BOX;
+                for (int sub = 0; sub < SUBS; sub++) {
+                    // B's row and column of this pass (the shared W2 chunk: its columns).
+                    const int b_row =
+                        MODE == MODE_W13
+                            ? (routed ? tl.e * g.b_rows_per_expert : (tl.e - E) * q.I) +
+                                  tl.n * NW + sub * (BN / 2)
+                            : (routed ? tl.e * g.b_rows_per_expert : 0) + tl.n * BN;
+                    const int b_col = MODE == MODE_W2 && !routed ? (tl.e - E) * q.I : 0;
+                    for (int kt = 0; kt < k_tiles; kt++, it++) {
+                        const int s = it % STAGES;
+                        const unsigned ph = (unsigned)(it / STAGES) & 1u;
+                        mbar_wait(empty_bar + s * 8, ph ^ 1u);
+                        const unsigned fb = full_bar + s * 8;
+                        const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
+                        const int kc = kt * KS - ksh;
+                        mbar_expect_tx(fb, a_boxes * A_BOX * 128 + C::B_BYTES);
+                        for (int i = 0; i < a_boxes; i++)
+                            tma_load_2d(sa + i * A_BOX * 128, g.a_map, kc, tl.row0 + i * A_BOX, fb);
+                        if (MODE == MODE_W13) {
+                            tma_load_2d(sb, gm, kc, b_row, fb);
+                            tma_load_2d(sb + (BN / 2) * 128, um, kc, b_row, fb);
+                        } else {
+                            tma_load_2d(sb, gm, b_col + kc, b_row, fb);
+                        }
                     }
                 }
             }
@@ -335,6 +392,8 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
         const int c = wg - 1;               // this warpgroup's 64 rows of the tile
         const int wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
         float acc[BN / 2];
+        float part[P::FP8 ? BN / 2 : 1]; // e4m3: one stage's partial sums
+        float hkeep[P::FP8 && MODE == MODE_W13 ? BN / 4 : 1]; // e4m3 W13: pass 0's h
 #pragma unroll
         for (int i = 0; i < BN / 2; i++)
             acc[i] = 0.f;
@@ -342,47 +401,142 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
         tile_t tl;
         for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
              t += gridDim.x) {
-            int prev = -1;
-            for (int kt = 0; kt < k_tiles; kt++, it++) {
-                const int s = it % STAGES;
-                const unsigned ph = (unsigned)(it / STAGES) & 1u;
-                mbar_wait(full_bar + s * 8, ph);
-                const unsigned sa = ring + s * C::STAGE_BYTES + c * 64 * 128;
-                const unsigned sb = ring + s * C::STAGE_BYTES + C::A_BYTES;
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wgmma_tile<BN>(acc, smem_desc(sa + kk * 32), smem_desc(sb + kk * 32),
-                                   kt > 0 || kk > 0);
-                wgmma_commit();
-                wgmma_wait<1>(); // the previous stage's MMAs are done: give it back
-                if (prev >= 0 && wtid == 0)
-                    mbar_arrive(empty_bar + prev * 8);
-                prev = s;
-            }
-            wgmma_wait<0>();
-            if (prev >= 0 && wtid == 0)
-                mbar_arrive(empty_bar + prev * 8);
-
-            // ---- epilogue: registers to global ----
-            // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for odd q).
+            const bool routed = tl.e < E;
+            const int ksh = tile_kshift(q, routed);
+            const int k_tiles = (K + ksh + KS - 1) / KS;
+            // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for
+            // odd q) of the pass's BN (W13: gate columns f < BN/16, then up).
             const int r0 = tl.row0 + c * 64 + warp * 16 + (lane >> 2);
             const int cl = 2 * (lane & 3);
-            const bool has_bias = q.has_bias && tl.e < E;
-            if (MODE == MODE_W13) {
-                const int col0 = tl.n * (BN / 2);
+            const bool has_bias = q.has_bias && routed;
 #pragma unroll
-                for (int f = 0; f < BN / 16; f++) {
-                    const int col = col0 + f * 8 + cl;
-                    float2 bb0 = make_float2(0.f, 0.f), bb1 = bb0;
-                    if (has_bias && col < N) {
-                        bb0 = moe_b13(bias, tl.e, col, N, q.interleaved);
-                        bb1 = moe_b13(bias, tl.e, col + 1, N, q.interleaved);
+            for (int sub = 0; sub < SUBS; sub++) {
+                // e4m3: where this pass's weight block scales are (indexed by the K block).
+                const float *sbg = nullptr, *sbu = nullptr;
+                const float *sa = g.a_scale;
+                if constexpr (P::FP8) {
+                    const int KB = K / SC_MOE_FP8_BLOCK;
+                    if (MODE == MODE_W13) {
+                        // The pass's first gate / up row of the expert's W13 (or the shared
+                        // W13) as the checkpoint numbers its rows, and that row's block.
+                        const int Itot = routed ? q.I : (groups - E) * q.I;
+                        const int j = (routed ? 0 : (tl.e - E) * q.I) + tl.n * NW + sub * (BN / 2);
+                        const int grow = q.interleaved ? 2 * j : j;
+                        const int urow = q.interleaved ? 2 * j + 1 : Itot + j;
+                        const float *bs = routed ? g.b_scale + (long long)tl.e * (2 * q.I / SC_MOE_FP8_BLOCK) * KB
+                                                 : g.sb_scale;
+                        sbg = bs + (long long)(grow / SC_MOE_FP8_BLOCK) * KB;
+                        sbu = bs + (long long)(urow / SC_MOE_FP8_BLOCK) * KB;
+                    } else {
+                        const int nb = tl.n * BN / SC_MOE_FP8_BLOCK;
+                        if (routed) {
+                            sbg = g.b_scale + ((long long)tl.e * (N / SC_MOE_FP8_BLOCK) + nb) * KB;
+                        } else {
+                            const int KBs = (groups - E) * KB; // the shared W2's K blocks
+                            sbg = g.sb_scale + (long long)nb * KBs + (tl.e - E) * KB;
+                        }
+                        sbu = sbg;
                     }
+                }
+                int prev = -1;
+                for (int kt = 0; kt < k_tiles; kt++, it++) {
+                    const int s = it % STAGES;
+                    const unsigned ph = (unsigned)(it / STAGES) & 1u;
+                    float sa0 = 0.f, sa1 = 0.f, sg = 0.f, su = 0.f;
+                    if constexpr (P::FP8) { // loaded while the stage's copies land
+                        if (r0 < tl.row_end)
+                            sa0 = sa[(long long)kt * q.rows_cap + r0];
+                        if (r0 + 8 < tl.row_end)
+                            sa1 = sa[(long long)kt * q.rows_cap + r0 + 8];
+                        sg = sbg[kt];
+                        su = sbu[kt];
+                    }
+                    mbar_wait(full_bar + s * 8, ph);
+                    const unsigned a_s = ring + s * C::STAGE_BYTES + c * 64 * 128;
+                    const unsigned b_s = ring + s * C::STAGE_BYTES + C::A_BYTES;
+                    wgmma_fence();
+                    if constexpr (P::FP8) {
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int row = r0 + 8 * h;
-                        if (row < tl.row_end && col < N) {
+                        for (int kk = 0; kk < 4; kk++)
+                            wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
+                                                   smem_desc(b_s + kk * 32), kk > 0);
+                        wgmma_commit();
+                        wgmma_wait<0>(); // this warp's MMAs are done: give the stage back
+                        if (lane == 0)
+                            mbar_arrive(empty_bar + s * 8);
+                        // The promotion: the stage's 128 of K, scaled, into the accumulators.
+#pragma unroll
+                        for (int f = 0; f < BN / 8; f++) {
+                            const float sb = MODE == MODE_W13 && f >= BN / 16 ? su : sg;
+                            const float s0 = sa0 * sb, s1 = sa1 * sb;
+                            acc[f * 4 + 0] = fmaf(part[f * 4 + 0], s0, acc[f * 4 + 0]);
+                            acc[f * 4 + 1] = fmaf(part[f * 4 + 1], s0, acc[f * 4 + 1]);
+                            acc[f * 4 + 2] = fmaf(part[f * 4 + 2], s1, acc[f * 4 + 2]);
+                            acc[f * 4 + 3] = fmaf(part[f * 4 + 3], s1, acc[f * 4 + 3]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int kk = 0; kk < 4; kk++)
+                            wgmma_tile<P, BN>::run(acc, smem_desc(a_s + kk * 32),
+                                                   smem_desc(b_s + kk * 32), kt > 0 || kk > 0);
+                        wgmma_commit();
+                        wgmma_wait<1>(); // the previous stage's MMAs are done: give it back
+                        if (prev >= 0 && wtid == 0)
+                            mbar_arrive(empty_bar + prev * 8);
+                        prev = s;
+                    }
+                }
+                if constexpr (!P::FP8) {
+                    wgmma_wait<0>();
+                    if (prev >= 0 && wtid == 0)
+                        mbar_arrive(empty_bar + prev * 8);
+                }
+
+                // ---- epilogue: registers to global ----
+                if constexpr (MODE == MODE_W13 && !P::FP8) {
+                    bf16_t *out = static_cast<bf16_t *>(g.out);
+                    const int col0 = tl.n * NW;
+#pragma unroll
+                    for (int f = 0; f < BN / 16; f++) {
+                        const int col = col0 + f * 8 + cl;
+                        float2 bb0 = make_float2(0.f, 0.f), bb1 = bb0;
+                        if (has_bias && col < N) {
+                            bb0 = moe_b13(g.bias, tl.e, col, N, q.interleaved);
+                            bb1 = moe_b13(g.bias, tl.e, col + 1, N, q.interleaved);
+                        }
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int row = r0 + 8 * h;
+                            if (row < tl.row_end && col < N) {
+                                float g0 = acc[f * 4 + 2 * h], g1 = acc[f * 4 + 2 * h + 1];
+                                float u0 = acc[(f + BN / 16) * 4 + 2 * h];
+                                float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1];
+                                if (has_bias) {
+                                    g0 += bb0.x, g1 += bb1.x;
+                                    u0 += bb0.y, u1 += bb1.y;
+                                }
+                                float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
+                                float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
+                                *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
+                                    pack_bf16x2(h0, h1);
+                            }
+                        }
+                    }
+                } else if constexpr (MODE == MODE_W13) {
+                    // e4m3: h of this pass, hv[(f * 2 + h) * 2 + j] at row r0 + 8 h, column
+                    // col0 + f * 8 + cl + j.
+                    const int col0 = tl.n * NW + sub * (BN / 2);
+                    float hv[BN / 4];
+#pragma unroll
+                    for (int f = 0; f < BN / 16; f++) {
+                        const int col = col0 + f * 8 + cl;
+                        float2 bb0 = make_float2(0.f, 0.f), bb1 = bb0;
+                        if (has_bias) {
+                            bb0 = moe_b13(g.bias, tl.e, col, N, q.interleaved);
+                            bb1 = moe_b13(g.bias, tl.e, col + 1, N, q.interleaved);
+                        }
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
                             float g0 = acc[f * 4 + 2 * h], g1 = acc[f * 4 + 2 * h + 1];
                             float u0 = acc[(f + BN / 16) * 4 + 2 * h];
                             float u1 = acc[(f + BN / 16) * 4 + 2 * h + 1];
@@ -390,34 +544,86 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                                 g0 += bb0.x, g1 += bb1.x;
                                 u0 += bb0.y, u1 += bb1.y;
                             }
-                            float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
-                            float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
-                            *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
-                                pack_bf16x2(h0, h1);
+                            hv[(f * 2 + h) * 2 + 0] = moe_act(g0, u0, q.act, q.alpha, q.limit);
+                            hv[(f * 2 + h) * 2 + 1] = moe_act(g1, u1, q.act, q.alpha, q.limit);
+                        }
+                    }
+                    if (sub + 1 < SUBS) {
+#pragma unroll
+                        for (int i = 0; i < BN / 4; i++)
+                            hkeep[i] = hv[i];
+                    } else {
+                        // The last pass: each row's 128 columns of h are in this thread's
+                        // hkeep and hv and in those of the three other lanes of its quad.
+                        float amax[2] = {0.f, 0.f};
+#pragma unroll
+                        for (int f = 0; f < BN / 16; f++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+#pragma unroll
+                                for (int j = 0; j < 2; j++) {
+                                    const int i = (f * 2 + h) * 2 + j;
+                                    amax[h] = fmaxf(amax[h], fabsf(hv[i]));
+                                    if (SUBS > 1)
+                                        amax[h] = fmaxf(amax[h], fabsf(hkeep[i]));
+                                }
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+                            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+                        }
+                        fp8_t *out = static_cast<fp8_t *>(g.out);
+                        const int blk = tl.n * NW / SC_MOE_FP8_BLOCK;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int row = r0 + 8 * h;
+                            if (row >= tl.row_end)
+                                continue;
+                            const float inv = amax[h] > 0.f ? __fdiv_rn(448.f, amax[h]) : 1.f;
+                            if ((lane & 3) == 0)
+                                g.out_scale[(long long)blk * q.rows_cap + row] =
+                                    amax[h] > 0.f ? __fdiv_rn(amax[h], 448.f) : 1.f;
+#pragma unroll
+                            for (int ps = 0; ps < SUBS; ps++)
+#pragma unroll
+                                for (int f = 0; f < BN / 16; f++) {
+                                    const int i = (f * 2 + h) * 2;
+                                    const float v0 = ps + 1 < SUBS ? hkeep[i] : hv[i];
+                                    const float v1 = ps + 1 < SUBS ? hkeep[i + 1] : hv[i + 1];
+                                    const int col = tl.n * NW + ps * (BN / 2) + f * 8 + cl;
+                                    *reinterpret_cast<unsigned short *>(out + (long long)row * N + col) =
+                                        pack_e4m3x2(__fmul_rn(v0, inv), __fmul_rn(v1, inv));
+                                }
+                        }
+                    }
+                } else {
+                    bf16_t *out = static_cast<bf16_t *>(g.out);
+                    const int col0 = tl.n * BN;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = r0 + 8 * h;
+                        if (row >= tl.row_end)
+                            continue;
+                        const float w = g.row_weight[row];
+#pragma unroll
+                        for (int f = 0; f < BN / 8; f++) {
+                            const int col = col0 + f * 8 + cl;
+                            if (col < N) {
+                                float a0 = acc[f * 4 + 2 * h], a1 = acc[f * 4 + 2 * h + 1];
+                                if (has_bias) {
+                                    a0 += g.bias[(long long)tl.e * N + col];
+                                    a1 += g.bias[(long long)tl.e * N + col + 1];
+                                }
+                                *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
+                                    pack_bf16x2(a0 * w, a1 * w);
+                            }
                         }
                     }
                 }
-            } else {
-                const int col0 = tl.n * BN;
+                if constexpr (P::FP8) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = r0 + 8 * h;
-                    if (row >= tl.row_end)
-                        continue;
-                    const float w = row_weight[row];
-#pragma unroll
-                    for (int f = 0; f < BN / 8; f++) {
-                        const int col = col0 + f * 8 + cl;
-                        if (col < N) {
-                            float a0 = acc[f * 4 + 2 * h], a1 = acc[f * 4 + 2 * h + 1];
-                            if (has_bias) {
-                                a0 += bias[(long long)tl.e * N + col];
-                                a1 += bias[(long long)tl.e * N + col + 1];
-                            }
-                            *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
-                                pack_bf16x2(a0 * w, a1 * w);
-                        }
-                    }
+                    for (int i = 0; i < BN / 2; i++)
+                        acc[i] = 0.f;
                 }
             }
         }
@@ -427,11 +633,11 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
 // ---- the kernels -------------------------------------------------------------------------------
 //
 // The tensor maps are passed with sc_arg_tensor_map_in, which checks and orders their views
-// like view arguments. Grid: at most one CTA per SM (persistent); block: 128 * (CONS + 1)
-// threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES). W13: rows_per_expert
-// = the gate map's rows per routed expert (2I stacked, I interleaved).
+// like view arguments. Grid: at most CTAS_PER_SM CTAs per SM (persistent); block: 128 *
+// (CONS + 1) threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES). W13:
+// rows_per_expert = the gate map's rows per routed expert (2I stacked, I interleaved).
 
-#define SC_MOE_SM90_KERNELS(NAME, CONS, BN, STAGES, A_BOX)                                   \
+#define SC_MOE_SM90_KERNELS_BF16(NAME, CONS, BN, STAGES, A_BOX)                               \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t g_map,                           \
@@ -441,9 +647,10 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                                bf16_t *h, const int *row_offsets, int rows_per_expert,         \
                                sc_moe_expert_params q)                                         \
     {                                                                                          \
-        grouped_gemm<MODE_W13, CONS, BN, STAGES, A_BOX>(&a_map, &g_map, &u_map, &sg_map,      \
-                                                        &su_map, h, nullptr, b13, row_offsets, \
-                                                        q, q.I, q.H, rows_per_expert);         \
+        const gemm_args g = {&a_map, &g_map, &u_map, &sg_map, &su_map, h, nullptr, nullptr,  \
+                             b13, nullptr, nullptr, nullptr, row_offsets, q.I, q.H,           \
+                             rows_per_expert};                                                 \
+        grouped_gemm<prec_bf16, MODE_W13, CONS, BN, STAGES, A_BOX, 1>(g, q);                   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
@@ -452,16 +659,47 @@ __device__ __forceinline__ void grouped_gemm(const tmap_t *a_map, const tmap_t *
                               const float *perm_weight, bf16_t *y, const int *row_offsets,     \
                               sc_moe_expert_params q)                                          \
     {                                                                                          \
-        grouped_gemm<MODE_W2, CONS, BN, STAGES, A_BOX>(&a_map, &b_map, &b_map, &sb_map,       \
-                                                       &sb_map, y, perm_weight, b2,            \
-                                                       row_offsets, q, q.H, q.I, q.H);         \
+        const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
+                             perm_weight, b2, nullptr, nullptr, nullptr, row_offsets, q.H,    \
+                             q.I, q.H};                                                        \
+        grouped_gemm<prec_bf16, MODE_W2, CONS, BN, STAGES, A_BOX, 1>(g, q);                    \
     }
 
-SC_MOE_SM90_KERNELS(large, SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES,
-                    SC_MOE_SM90_LARGE_A_BOX)
-SC_MOE_SM90_KERNELS(small, SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES,
-                    SC_MOE_SM90_SMALL_A_BOX)
-SC_MOE_SM90_KERNELS(medium, SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN,
-                    SC_MOE_SM90_MEDIUM_STAGES, SC_MOE_SM90_MEDIUM_A_BOX)
-SC_MOE_SM90_KERNELS(wide, SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_STAGES,
-                    SC_MOE_SM90_WIDE_A_BOX)
+// e4m3: x_scale / h_scale [K / 128][rows_cap], the weights' block scales (w13_scale [E,
+// 2I/128, H/128], shared_w13_scale [2 I_s/128, H/128]; w2_scale [E, H/128, I/128],
+// shared_w2_scale [H/128, I_s/128]); W13 writes h (e4m3) and h_scale.
+#define SC_MOE_SM90_KERNELS_E4M3(NAME, CONS, BN, STAGES, A_BOX)                               \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+        sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
+                               const __grid_constant__ tmap_t g_map,                           \
+                               const __grid_constant__ tmap_t u_map,                           \
+                               const __grid_constant__ tmap_t sg_map,                          \
+                               const __grid_constant__ tmap_t su_map, const float *x_scale,    \
+                               const float *w13_scale, const float *shared_w13_scale,          \
+                               const float *b13, fp8_t *h, float *h_scale,                     \
+                               const int *row_offsets, int rows_per_expert,                    \
+                               sc_moe_expert_params q)                                         \
+    {                                                                                          \
+        const gemm_args g = {&a_map, &g_map, &u_map, &sg_map, &su_map, h, h_scale, nullptr,  \
+                             b13, x_scale, w13_scale, shared_w13_scale, row_offsets, q.I,     \
+                             q.H, rows_per_expert};                                            \
+        grouped_gemm<prec_e4m3, MODE_W13, CONS, BN, STAGES, A_BOX,                             \
+                     SC_MOE_FP8_BLOCK / (BN / 2)>(g, q);                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+        sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
+                              const __grid_constant__ tmap_t b_map,                            \
+                              const __grid_constant__ tmap_t sb_map, const float *h_scale,     \
+                              const float *w2_scale, const float *shared_w2_scale,             \
+                              const float *b2, const float *perm_weight, bf16_t *y,            \
+                              const int *row_offsets, sc_moe_expert_params q)                  \
+    {                                                                                          \
+        const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
+                             perm_weight, b2, h_scale, w2_scale, shared_w2_scale,             \
+                             row_offsets, q.H, q.I, q.H};                                      \
+        grouped_gemm<prec_e4m3, MODE_W2, CONS, BN, STAGES, A_BOX, 1>(g, q);                    \
+    }
+
+#define SC_MOE_SM90_TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)               \
+    SC_MOE_SM90_KERNELS_##PREC(NAME, CONS, BN, STAGES, A_BOX)
+SC_MOE_SM90_TILES(SC_MOE_SM90_TILE_KERNELS)

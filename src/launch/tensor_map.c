@@ -9,7 +9,8 @@
 static int tma_dtype(sc_dtype d)
 {
     switch (d) {
-    case SC_U8: case SC_I8: return CU_TENSOR_MAP_DATA_TYPE_UINT8; /* bits are copied as is */
+    case SC_U8: case SC_I8: case SC_F8E4M3: case SC_F8E5M2:
+        return CU_TENSOR_MAP_DATA_TYPE_UINT8; /* bits are copied as is */
     case SC_U16: case SC_I16: return CU_TENSOR_MAP_DATA_TYPE_UINT16;
     case SC_U32: return CU_TENSOR_MAP_DATA_TYPE_UINT32;
     case SC_I32: return CU_TENSOR_MAP_DATA_TYPE_INT32;

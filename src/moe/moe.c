@@ -8,36 +8,10 @@
 #include "../../kernels/moe/moe_config.cuh"
 #include "launch/builtin.h"
 #include "memory/buffer.h"
+#include "moe/layer.h"
 #include "moe/plan.h"
 #include "safecuda/moe.h"
 #include "stream/capture.h"
-
-/* The layer's weights, each a checked view (a whole buffer or a part of one); absent
- * optional ones have no buffer. */
-typedef enum sci_moe_weight {
-    SCI_MOE_WT_ROUTER, SCI_MOE_WT_W13, SCI_MOE_WT_W2, SCI_MOE_WT_SEL_BIAS, SCI_MOE_WT_ROUTER_BIAS,
-    SCI_MOE_WT_W13_BIAS, SCI_MOE_WT_W2_BIAS, SCI_MOE_WT_SHARED_W13, SCI_MOE_WT_SHARED_W2,
-    SCI_MOE_WT_SHARED_GATE,
-    SCI_MOE_WT_COUNT
-} sci_moe_weight;
-
-typedef struct sci_moe {
-    sci_object obj;
-    sci_context *ctx;
-    sc_moe_desc desc;
-    sci_moe_config cfg; /* what the plans depend on: shape, backend, device, tuning */
-    sc_view wt[SCI_MOE_WT_COUNT];
-    sc_kernel kernels[SCI_MOE_K_COUNT];
-    sc_buffer fault;      /* u32 [4]: bad caller routing ids seen, the first's token, slot, id */
-    pthread_mutex_t lock; /* the workspace */
-    uint64_t capacity;    /* tokens */
-    sc_buffer ws[SCI_MOE_W_COUNT];
-    /* SM90: maps of the weights (made once: W13's gate and up rows, W2, and the shared
-     * expert's) and of x_perm and h (made with the workspace), one per tile shape. */
-    sc_tensor_map g_map[SCI_MOE_N_TILES], u_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
-    sc_tensor_map sg_map[SCI_MOE_N_TILES], su_map[SCI_MOE_N_TILES], sw2_map[SCI_MOE_N_TILES];
-    sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
-} sci_moe;
 
 static sc_status moe_destroy(uint64_t id, const char *fn);
 
@@ -90,25 +64,10 @@ static void free_workspace_quietly(sci_moe *m, const char *fn)
     sci_error_restore(message);
 }
 
-/* A tensor map of rows x cols bf16 at element `offset` of view v, rows `stride` elements
- * apart (0: cols), in boxes of box_rows x 64 (128-byte rows, the 128-byte swizzle), as the
- * SM90 kernels read A and B tiles. */
-static sc_status encode_map_at(sc_view v, uint64_t offset, uint64_t rows, uint64_t cols,
-                               uint64_t stride, uint32_t box_rows, sc_tensor_map *map)
-{
-    const uint64_t span = (rows - 1) * (stride ? stride : cols) + cols;
-    return sc_tensor_map_encode((sc_view){v.buffer, v.offset + offset, span},
-                                &(sc_tensor_map_desc){.rows = rows, .cols = cols,
-                                                      .box_rows = box_rows, .box_cols = 64,
-                                                      .swizzle = SC_SWIZZLE_128B,
-                                                      .row_stride = stride},
-                                map);
-}
-
 static sc_status encode_map(sc_buffer b, uint64_t rows, uint64_t cols, uint32_t box_rows,
                             sc_tensor_map *map)
 {
-    return encode_map_at(sc_view_of(b), 0, rows, cols, 0, box_rows, map);
+    return sci_moe_encode_map_at(sc_view_of(b), 0, rows, cols, 0, box_rows, map);
 }
 
 /* (Re)allocate the workspace for `tokens` tokens on stream (stream-ordered). */
@@ -141,11 +100,16 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
     if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
         const uint64_t rows = tokens * (uint64_t)m->cfg.slots;
         const uint64_t H = (uint64_t)m->cfg.hidden, I = (uint64_t)m->cfg.intermediate;
+        const bool fp8 = m->cfg.fp8;
         for (int t = 0; t < SCI_MOE_N_TILES; t++) {
+            if (sci_moe_tiles[t].fp8 != fp8)
+                continue;
             const uint32_t a_box = (uint32_t)sci_moe_tiles[t].a_box;
-            sc_status s = encode_map(m->ws[SCI_MOE_W_XPERM], rows, H, a_box, &m->xperm_map[t]);
+            sc_status s = encode_map(m->ws[fp8 ? SCI_MOE_W_XQ : SCI_MOE_W_XPERM], rows, H, a_box,
+                                     &m->xperm_map[t]);
             if (s == SC_OK)
-                s = encode_map(m->ws[SCI_MOE_W_H], rows, I, a_box, &m->h_map[t]);
+                s = encode_map(m->ws[fp8 ? SCI_MOE_W_HQ : SCI_MOE_W_H], rows, I, a_box,
+                               &m->h_map[t]);
             if (s != SC_OK) {
                 free_workspace_quietly(m, fn);
                 sci_error_append(" (while describing the workspace for %llu tokens)",
@@ -156,271 +120,6 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
     }
     m->capacity = tokens;
     return SC_OK;
-}
-
-/* Resolve weight `what`, given as a whole buffer b or a view v (one or the other; neither
- * when !required: absent), and check its context, dtype, element count and alignment. */
-static sc_status check_weight(sc_buffer b, sc_view v, const char *what, const char *view_name,
-                              bool required, sc_dtype dtype, uint64_t count, const char *shape,
-                              sci_context *c, const char *fn, sc_view *out)
-{
-    *out = (sc_view){{0}, 0, 0};
-    if (b.id && v.buffer.id)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s and desc->%s are both given: "
-                        "the weight is one or the other", what, view_name);
-    if (!b.id && !v.buffer.id) {
-        if (required)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->%s%s%s%s is missing", what,
-                            view_name ? " (or desc->" : "", view_name ? view_name : "",
-                            view_name ? ")" : "");
-        return SC_OK;
-    }
-    const char *name = b.id || !view_name ? what : view_name;
-    if (b.id)
-        v = sc_view_of(b);
-    sc_buffer_props p;
-    sc_view r;
-    sc_status s = sc_buffer_info(v.buffer, &p);
-    if (s == SC_OK)
-        s = sc_buffer_view(v.buffer, v.offset, v.count, &r);
-    if (s != SC_OK) {
-        sci_error_append(" (desc->%s)", name);
-        return s;
-    }
-    if (p.context.id != c->obj.id)
-        return sci_fail(SC_ERR_WRONG_CONTEXT, fn, "desc->%s (buffer '%s') belongs to another "
-                        "context", name, p.label);
-    if (p.dtype != dtype)
-        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "desc->%s (buffer '%s', created at %s:%d) is "
-                        "%s; the layer needs %s",
-                        name, p.label, p.file, p.line, sc_dtype_name(p.dtype),
-                        sc_dtype_name(dtype));
-    if (r.count != count)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "desc->%s (buffer '%s', created at %s:%d%s) has %llu elements; %s needs "
-                        "%llu",
-                        name, p.label, p.file, p.line, b.id ? "" : ", a view", (unsigned long long)r.count, shape,
-                        (unsigned long long)count);
-    if ((r.offset * sc_dtype_size(dtype)) % 16)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "desc->%s starts at element %llu of buffer '%s' (created at %s:%d): the "
-                        "kernels need a 16-byte aligned start", name,
-                        (unsigned long long)r.offset, p.label, p.file, p.line);
-    *out = r;
-    return SC_OK;
-}
-
-/* Check the layer's shape and options (defaults filled in: dtype bf16, routed scaling 1,
- * gpt-oss's activation constants). */
-static sc_status check_desc(sc_moe_desc *d, const char *fn)
-{
-    if (d->dtype == SC_DTYPE_INVALID)
-        d->dtype = SC_BF16;
-    if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->backend = %d", (int)d->backend);
-    const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
-    if (d->dtype != SC_BF16)
-        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
-                        sc_dtype_name(d->dtype));
-    if (E < 1 || E > SC_MOE_MAX_EXPERTS)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->experts = %d (1 .. %d)", E,
-                        SC_MOE_MAX_EXPERTS);
-    if (k < 1 || k > E || k > SC_MOE_MAX_TOPK)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->top_k = %d: it must be 1 .. min(experts "
-                        "= %d, %d)", k, E, SC_MOE_MAX_TOPK);
-    if (H <= 0 || H % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->hidden = %d: the kernels need a positive "
-                        "multiple of %d", H, SC_MOE_ALIGN);
-    if (I <= 0 || I % SC_MOE_ALIGN)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->intermediate = %d: the kernels need a "
-                        "positive multiple of %d", I, SC_MOE_ALIGN);
-    if (d->scoring != SC_MOE_SOFTMAX && d->scoring != SC_MOE_SIGMOID)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->scoring = %d", (int)d->scoring);
-    if (d->n_group || d->topk_group) {
-        if (d->n_group < 1 || d->n_group > 32 || E % d->n_group || E / d->n_group < 2)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                            "desc->n_group = %d: it must be 1 .. 32 and divide desc->experts = %d into "
-                            "groups of 2 or more (a group is scored by its two best experts)",
-                            d->n_group, E);
-        if (d->topk_group < 1 || d->topk_group > d->n_group)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->topk_group = %d: it must be 1 .. "
-                            "desc->n_group = %d", d->topk_group, d->n_group);
-        if (k > d->topk_group * (E / d->n_group))
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                            "desc->top_k = %d is more than the %d experts of desc->topk_group = %d groups of "
-                            "%d", k, d->topk_group * (E / d->n_group), d->topk_group,
-                            E / d->n_group);
-    }
-    if (!(d->routed_scaling >= 0.f) || d->routed_scaling > 1e30f)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->routed_scaling = %g: it must be finite and "
-                        ">= 0 (0 means 1)", (double)d->routed_scaling);
-    if (d->routed_scaling == 0.f)
-        d->routed_scaling = 1.f;
-    if ((unsigned)d->activation > SC_MOE_SWIGLU_CLAMP)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->activation = %d", (int)d->activation);
-    if (d->activation != SC_MOE_SWIGLU_CLAMP && (d->swiglu_alpha != 0.f || d->swiglu_limit != 0.f))
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "desc->swiglu_alpha = %g, desc->swiglu_limit = %g: they are SC_MOE_SWIGLU_CLAMP's "
-                        "constants, and the activation is %d", (double)d->swiglu_alpha,
-                        (double)d->swiglu_limit, (int)d->activation);
-    if (d->activation == SC_MOE_SWIGLU_CLAMP) {
-        if (d->swiglu_alpha == 0.f)
-            d->swiglu_alpha = 1.702f;
-        if (d->swiglu_limit == 0.f)
-            d->swiglu_limit = 7.f;
-        if (!(d->swiglu_alpha > 0.f) || d->swiglu_alpha > 1e30f)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_alpha = %g: it must be finite "
-                            "and > 0", (double)d->swiglu_alpha);
-        if (!(d->swiglu_limit > 0.f) || d->swiglu_limit > 1e30f)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->swiglu_limit = %g: it must be finite "
-                            "and > 0", (double)d->swiglu_limit);
-    }
-    if ((unsigned)d->w13_layout > SC_MOE_W13_INTERLEAVED)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->w13_layout = %d", (int)d->w13_layout);
-    const int Is = d->shared_intermediate;
-    if (Is < 0 || Is % I || Is / I > SC_MOE_MAX_SHARED)
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                        "desc->shared_intermediate = %d: it must be 0 or a multiple of intermediate = "
-                        "%d, at most %d of it", Is, I, SC_MOE_MAX_SHARED);
-    return SC_OK;
-}
-
-/* Resolve the backend for the context's device (AUTO: SM90 on 9.0, MMA elsewhere), or
- * refuse the device. */
-static sc_status resolve_backend(sc_moe_desc *d, const sci_context *c, const char *fn)
-{
-    const bool sm90 = c->props.cc_major == 9 && c->props.cc_minor == 0;
-    if (d->backend == SC_MOE_BACKEND_AUTO)
-        d->backend = sm90 ? SC_MOE_BACKEND_SM90 : SC_MOE_BACKEND_MMA;
-    if (d->backend == SC_MOE_BACKEND_SM90 && !sm90)
-        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the SM90 backend needs compute capability "
-                        "9.0; device %d is %d.%d", c->device, c->props.cc_major,
-                        c->props.cc_minor);
-    if (c->props.cc_major < 8)
-        return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "the MoE kernels need compute capability 8.0 "
-                        "or newer (bf16 tensor cores); device %d is %d.%d", c->device,
-                        c->props.cc_major, c->props.cc_minor);
-    return SC_OK;
-}
-
-/* The weights: each resolved to a view and checked (dtype, element count, alignment). */
-static sc_status check_weights(const sc_moe_desc *d, sci_context *c, const char *fn,
-                               sc_view wt[SCI_MOE_WT_COUNT])
-{
-    const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
-    const uint64_t I = (uint64_t)d->intermediate, Is = (uint64_t)d->shared_intermediate;
-    const sc_view none = {{0}, 0, 0};
-    const sc_buffer nob = {0};
-    const struct {
-        sc_buffer b;
-        sc_view v;
-        const char *name, *view_name;
-        bool required;
-        sc_dtype dtype;
-        uint64_t count;
-    } w[SCI_MOE_WT_COUNT] = {
-        [SCI_MOE_WT_ROUTER] = {d->router, d->router_view, "router", "router_view", true, SC_BF16,
-                               E * H},
-        [SCI_MOE_WT_W13] = {d->w13, d->w13_view, "w13", "w13_view", true, SC_BF16, E * 2 * I * H},
-        [SCI_MOE_WT_W2] = {d->w2, d->w2_view, "w2", "w2_view", true, SC_BF16, E * H * I},
-        [SCI_MOE_WT_SEL_BIAS] = {d->selection_bias, d->selection_bias_view, "selection_bias",
-                                 "selection_bias_view", false, SC_F32, E},
-        [SCI_MOE_WT_ROUTER_BIAS] = {nob, d->router_bias, "router_bias", NULL, false, SC_F32, E},
-        [SCI_MOE_WT_W13_BIAS] = {nob, d->w13_bias, "w13_bias", NULL, false, SC_F32, E * 2 * I},
-        [SCI_MOE_WT_W2_BIAS] = {nob, d->w2_bias, "w2_bias", NULL, false, SC_F32, E * H},
-        [SCI_MOE_WT_SHARED_W13] = {nob, Is ? d->shared_w13 : none, "shared_w13", NULL, Is > 0,
-                                   SC_BF16, 2 * Is * H},
-        [SCI_MOE_WT_SHARED_W2] = {nob, Is ? d->shared_w2 : none, "shared_w2", NULL, Is > 0,
-                                  SC_BF16, H * Is},
-        [SCI_MOE_WT_SHARED_GATE] = {nob, Is ? d->shared_gate : none, "shared_gate", NULL, false,
-                                    SC_BF16, H},
-    };
-    if (!Is && (d->shared_w13.buffer.id || d->shared_w2.buffer.id || d->shared_gate.buffer.id))
-        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->shared_w13 / shared_w2 / shared_gate "
-                        "are given but shared_intermediate = 0");
-    static const char *const shapes[SCI_MOE_WT_COUNT] = {
-        "[E=%llu, H=%llu]", "[E=%llu, 2I=%llu, H=%llu]", "[E=%llu, H=%llu, I=%llu]", "[E=%llu]",
-        "[E=%llu]", "[E=%llu, 2I=%llu]", "[E=%llu, H=%llu]", "[2 I_s=%llu, H=%llu]",
-        "[H=%llu, I_s=%llu]", "[H=%llu]"};
-    const unsigned long long dims[SCI_MOE_WT_COUNT][3] = {
-        {E, H, 0}, {E, 2 * I, H}, {E, H, I}, {E, 0, 0}, {E, 0, 0}, {E, 2 * I, 0}, {E, H, 0},
-        {2 * Is, H, 0}, {H, Is, 0}, {H, 0, 0}};
-    for (int i = 0; i < SCI_MOE_WT_COUNT; i++) {
-        char shape[96];
-        snprintf(shape, sizeof shape, shapes[i], dims[i][0], dims[i][1], dims[i][2]);
-        sc_status s = check_weight(w[i].b, w[i].v, w[i].name, w[i].view_name, w[i].required,
-                                   w[i].dtype, w[i].count, shape, c, fn, &wt[i]);
-        if (s != SC_OK)
-            return s;
-    }
-    return SC_OK;
-}
-
-/* What the plans depend on: the layer's shape and backend, the device, and the tuning
- * knobs SAFECUDA_MOE_TILE=small|medium|large|wide (fixes the SM90 tile shape),
- * SAFECUDA_MOE_PDL=0 (no programmatic launches) and SAFECUDA_MOE_GROUP_M=n (1 .. 1024). */
-static sci_moe_config layer_config(const sc_moe_desc *d, const sci_context *c)
-{
-    const int S = d->shared_intermediate / d->intermediate;
-    sci_moe_config cfg = {.experts = d->experts, .top_k = d->top_k, .hidden = d->hidden,
-                          .intermediate = d->intermediate, .shared = S,
-                          .groups = d->experts + S, .slots = d->top_k + S,
-                          .logit_cols = d->experts + (d->shared_gate.buffer.id != 0),
-                          .backend = d->backend, .sm_count = c->props.sm_count};
-    cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
-    const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
-    cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
-    const char *group_env = getenv("SAFECUDA_MOE_GROUP_M");
-    cfg.group_override = group_env ? atoi(group_env) : 0;
-    if (cfg.group_override < 0 || cfg.group_override > 1024)
-        cfg.group_override = 0;
-    return cfg;
-}
-
-/* SM90: the tensor maps of the weights, one set per tile shape. W13's gate rows and up rows
- * are read through two maps, rows_per_expert (2I stacked, I interleaved) apart per routed
- * expert: stacked, the up map starts I rows later; interleaved, both skip every other row
- * (a row stride of 2H) and the up map starts one row later. The shared expert's W13 alike
- * (chunk s at row s I of both), its W2 [H, S I] as one map (chunk s at column s I). */
-static sc_status encode_weight_maps(sci_moe *m)
-{
-    const uint64_t E = (uint64_t)m->cfg.experts, H = (uint64_t)m->cfg.hidden;
-    const uint64_t I = (uint64_t)m->cfg.intermediate, Is = (uint64_t)m->cfg.shared * I;
-    const bool il = m->desc.w13_layout == SC_MOE_W13_INTERLEAVED;
-    const sc_view w13 = m->wt[SCI_MOE_WT_W13], sw13 = m->wt[SCI_MOE_WT_SHARED_W13];
-    sc_status s = SC_OK;
-    for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK; t++) {
-        const uint32_t bn = (uint32_t)sci_moe_tiles[t].bn;
-        if (il) {
-            s = encode_map_at(w13, 0, E * I, H, 2 * H, bn / 2, &m->g_map[t]);
-            if (s == SC_OK)
-                s = encode_map_at(w13, H, E * I, H, 2 * H, bn / 2, &m->u_map[t]);
-        } else {
-            s = encode_map_at(w13, 0, E * 2 * I - I, H, 0, bn / 2, &m->g_map[t]);
-            if (s == SC_OK)
-                s = encode_map_at(w13, I * H, E * 2 * I - I, H, 0, bn / 2, &m->u_map[t]);
-        }
-        if (s == SC_OK)
-            s = encode_map_at(m->wt[SCI_MOE_WT_W2], 0, E * H, I, 0, bn, &m->w2_map[t]);
-        if (s == SC_OK && Is) {
-            if (il) {
-                s = encode_map_at(sw13, 0, Is, H, 2 * H, bn / 2, &m->sg_map[t]);
-                if (s == SC_OK)
-                    s = encode_map_at(sw13, H, Is, H, 2 * H, bn / 2, &m->su_map[t]);
-            } else {
-                s = encode_map_at(sw13, 0, Is, H, 0, bn / 2, &m->sg_map[t]);
-                if (s == SC_OK)
-                    s = encode_map_at(sw13, Is * H, Is, H, 0, bn / 2, &m->su_map[t]);
-            }
-            if (s == SC_OK)
-                s = encode_map_at(m->wt[SCI_MOE_WT_SHARED_W2], 0, H, Is, 0, bn, &m->sw2_map[t]);
-        } else if (s == SC_OK) { /* never read: the kernels take four maps either way */
-            m->sg_map[t] = m->g_map[t];
-            m->su_map[t] = m->u_map[t];
-            m->sw2_map[t] = m->w2_map[t];
-        }
-    }
-    return s;
 }
 
 /* The backend's kernels, and on SM90 the tensor maps of the weights, one per tile shape. */
@@ -436,7 +135,7 @@ static sc_status load_kernels(sci_moe *m, const char *fn)
             s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
     }
     if (s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90)
-        s = encode_weight_maps(m);
+        s = sci_moe_encode_weight_maps(m);
     return s;
 }
 
@@ -448,16 +147,16 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     layer->id = 0;
     SCI_CHECK_PTR(fn, desc);
     sc_moe_desc d = *desc;
-    sc_status s = check_desc(&d, fn);
+    sc_status s = sci_moe_check_desc(&d, fn);
     if (s != SC_OK)
         return s;
     sci_context *c = NULL;
     if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
         return s;
-    s = resolve_backend(&d, c, fn);
+    s = sci_moe_resolve_backend(&d, c, fn);
     sc_view wt[SCI_MOE_WT_COUNT];
     if (s == SC_OK)
-        s = check_weights(&d, c, fn, wt);
+        s = sci_moe_check_weights(&d, c, fn, wt);
     sci_moe *m = NULL;
     if (s == SC_OK && !(m = calloc(1, sizeof *m)))
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -469,7 +168,7 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->desc = d;
     m->desc.label = NULL;
     memcpy(m->wt, wt, sizeof wt);
-    m->cfg = layer_config(&d, c);
+    m->cfg = sci_moe_layer_config(&d, c);
     pthread_mutex_init(&m->lock, NULL);
     s = load_kernels(m, fn);
     if (s == SC_OK &&
@@ -770,6 +469,13 @@ typedef struct forward {
     steps *st;
 } forward;
 
+/* Rows of the workspace (its capacity in tokens x slots per token): the stride of the fp8
+ * row scales. */
+static int32_t rows_cap(const sci_moe *m)
+{
+    return (int32_t)(m->capacity * (uint64_t)m->cfg.slots);
+}
+
 /* The whole of workspace buffer w. */
 static sc_view ws(const forward *f, sci_moe_ws w) { return sc_view_of(f->m->ws[w]); }
 
@@ -801,6 +507,35 @@ static sc_moe_route_params route_params(const forward *f, int splits)
         .n_group = d->n_group, .topk_group = d->topk_group, .scale = d->routed_scaling};
 }
 
+/* SM90: x into expert order after the permutation (bf16), or gathered and quantized per row
+ * per 128 channels (fp8 experts). */
+static sc_status issue_gather(const forward *f)
+{
+    const sci_moe_plan *p = f->p;
+    const sc_kernel *kn = f->m->kernels;
+    const int32_t H = f->m->desc.hidden;
+    sc_status s;
+    if (f->m->cfg.fp8) {
+        if ((s = step(f->st, "gather + quantize x (fp8)")) != SC_OK ||
+            (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER_FP8], &p->gather,
+                           sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)),
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_in(f->x),
+                           sc_arg_out(ws(f, SCI_MOE_W_XQ)), sc_arg_out(ws(f, SCI_MOE_W_XS)),
+                           sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
+                           sc_arg_i32(H), sc_arg_i32(rows_cap(f->m)))) != SC_OK)
+            return s;
+        return SC_OK;
+    }
+    if ((s = step(f->st, "gather x")) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER], &p->gather,
+                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_in(f->x), sc_arg_out(ws(f, SCI_MOE_W_XPERM)),
+                       sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
+                       sc_arg_i32(H))) != SC_OK)
+        return s;
+    return SC_OK;
+}
+
 /* Routing in one launch, then (SM90, when it doesn't gather) x into expert order. */
 static sc_status issue_route_small(const forward *f)
 {
@@ -822,20 +557,15 @@ static sc_status issue_route_small(const forward *f)
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_out(ws(f, sm90 ? SCI_MOE_W_XPERM : SCI_MOE_W_H)),
+                       sc_arg_out(ws(f, !sm90                ? SCI_MOE_W_H
+                                        : f->m->cfg.fp8 ? SCI_MOE_W_XQ /* (not written) */
+                                                        : SCI_MOE_W_XPERM)),
                        sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32(d->hidden),
                        sc_arg_i32(p->route_gathers), sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
         return s;
     if (p->gather.grid.x == 0)
         return SC_OK;
-    if ((s = step(f->st, "gather x")) != SC_OK ||
-        (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER], &p->gather,
-                       sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
-                       sc_arg_in(f->x), sc_arg_out(ws(f, SCI_MOE_W_XPERM)),
-                       sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
-                       sc_arg_i32(d->hidden))) != SC_OK)
-        return s;
-    return SC_OK;
+    return issue_gather(f);
 }
 
 /* The permutation into expert order (rows grouped by expert), and on SM90 x gathered
@@ -848,7 +578,7 @@ static sc_status issue_scatter(const forward *f)
     const int32_t T = (int32_t)p->tokens, k = m->desc.top_k, E = m->desc.experts;
     const int32_t S = m->cfg.shared;
     sc_status s;
-    if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
+    if (m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8) {
         if ((s = step(f->st, "scatter + gather x")) != SC_OK ||
             (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER_GATHER], &p->scatter,
                            sc_arg_in(f->ids), sc_arg_in(f->weights),
@@ -871,7 +601,7 @@ static sc_status issue_scatter(const forward *f)
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
                        sc_arg_i32(T), sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(S))) != SC_OK)
         return s;
-    return SC_OK;
+    return m->cfg.fp8 ? issue_gather(f) : SC_OK;
 }
 
 /* The router GEMM over `cols` columns from column `first` of [Wg; gate] (all of them, or
@@ -964,14 +694,49 @@ static sc_status issue_route(const forward *f, bool caller)
 }
 
 /* The expert GEMMs' kernel parameters (with the bias of W13's GEMM, or of W2's). */
-static sc_moe_expert_params expert_params(const sci_moe *m, int group_m, sci_moe_weight bias)
+static sc_moe_expert_params expert_params(const sci_moe *m, int group_m, sci_moe_weight bias,
+                                          int kshift)
 {
     const sc_moe_desc *d = &m->desc;
     return (sc_moe_expert_params){
         .E = d->experts, .groups = m->cfg.groups, .H = d->hidden, .I = d->intermediate,
         .group_m = group_m, .interleaved = d->w13_layout == SC_MOE_W13_INTERLEAVED,
         .act = (int)d->activation, .alpha = d->swiglu_alpha, .limit = d->swiglu_limit,
-        .has_bias = m->wt[bias].buffer.id != 0};
+        .has_bias = m->wt[bias].buffer.id != 0, .kshift = kshift,
+        .rows_cap = rows_cap(m)};
+}
+
+/* fp8 experts (SM90): h (e4m3, with its row scales) = act(x_q W_gate^T + b, x_q W_up^T +
+ * b) with the block scales, then y = weight * (h W2^T + b). */
+static sc_status issue_gemms_fp8(const forward *f, const sc_moe_expert_params *q13,
+                                 const sc_moe_expert_params *q2, int32_t rows_per_expert)
+{
+    const sci_moe *m = f->m;
+    const sci_moe_plan *p = f->p;
+    const int t = p->tile;
+    const sc_view b13 = wt_or_none(f, SCI_MOE_WT_W13_BIAS), b2 = wt_or_none(f, SCI_MOE_WT_W2_BIAS);
+    sc_status s;
+    if ((s = step(f->st, p->step13)) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
+                       sc_arg_tensor_map_in(&m->xperm_map[t]), sc_arg_tensor_map_in(&m->g_map[t]),
+                       sc_arg_tensor_map_in(&m->u_map[t]), sc_arg_tensor_map_in(&m->sg_map[t]),
+                       sc_arg_tensor_map_in(&m->su_map[t]), sc_arg_in(ws(f, SCI_MOE_W_XS)),
+                       sc_arg_in(m->wt[SCI_MOE_WT_W13_SCALE]),
+                       sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W13_SCALE, SCI_MOE_WT_W13_SCALE)),
+                       sc_arg_in(b13), sc_arg_out(ws(f, SCI_MOE_W_HQ)),
+                       sc_arg_out(ws(f, SCI_MOE_W_HS)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_i32(rows_per_expert), sc_arg_bytes(q13, sizeof *q13))) != SC_OK)
+        return s;
+    if ((s = step(f->st, p->step2)) != SC_OK ||
+        (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2, sc_arg_tensor_map_in(&m->h_map[t]),
+                       sc_arg_tensor_map_in(&m->w2_map[t]), sc_arg_tensor_map_in(&m->sw2_map[t]),
+                       sc_arg_in(ws(f, SCI_MOE_W_HS)), sc_arg_in(m->wt[SCI_MOE_WT_W2_SCALE]),
+                       sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W2_SCALE, SCI_MOE_WT_W2_SCALE)),
+                       sc_arg_in(b2), sc_arg_in(ws(f, SCI_MOE_W_PERM_WEIGHT)),
+                       sc_arg_out(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
+                       sc_arg_bytes(q2, sizeof *q2))) != SC_OK)
+        return s;
+    return SC_OK;
 }
 
 /* The expert GEMMs in the plan's kernels: h = act(x W_gate^T + b, x W_up^T + b), then y =
@@ -985,11 +750,15 @@ static sc_status issue_gemms(const forward *f)
     sc_status s;
     const sc_view b13 = wt_or_none(f, SCI_MOE_WT_W13_BIAS), b2 = wt_or_none(f, SCI_MOE_WT_W2_BIAS);
     if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
-        const sc_moe_expert_params q13 = expert_params(m, p->group_m13, SCI_MOE_WT_W13_BIAS);
-        const sc_moe_expert_params q2 = expert_params(m, p->group_m2, SCI_MOE_WT_W2_BIAS);
+        const sc_moe_expert_params q13 =
+            expert_params(m, p->group_m13, SCI_MOE_WT_W13_BIAS, m->kshift13);
+        const sc_moe_expert_params q2 =
+            expert_params(m, p->group_m2, SCI_MOE_WT_W2_BIAS, m->kshift2);
         const int32_t rows_per_expert = m->desc.w13_layout == SC_MOE_W13_INTERLEAVED
                                             ? m->desc.intermediate
                                             : 2 * m->desc.intermediate;
+        if (m->cfg.fp8)
+            return issue_gemms_fp8(f, &q13, &q2, rows_per_expert);
         if ((s = step(f->st, p->step13)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
@@ -1010,8 +779,8 @@ static sc_status issue_gemms(const forward *f)
             return s;
         return SC_OK;
     }
-    const sc_moe_expert_params q13 = expert_params(m, 0, SCI_MOE_WT_W13_BIAS);
-    const sc_moe_expert_params q2 = expert_params(m, 0, SCI_MOE_WT_W2_BIAS);
+    const sc_moe_expert_params q13 = expert_params(m, 0, SCI_MOE_WT_W13_BIAS, 0);
+    const sc_moe_expert_params q2 = expert_params(m, 0, SCI_MOE_WT_W2_BIAS, 0);
     if ((s = step(f->st, p->step13)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13, sc_arg_in(f->x),
                        sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(m->wt[SCI_MOE_WT_W13]),

@@ -5,15 +5,6 @@
 #include "../../kernels/moe/moe_config.cuh"
 #include "moe/plan.h"
 
-#define SM90_SMEM_L                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN, SC_MOE_SM90_LARGE_STAGES)
-#define SM90_SMEM_S                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN, SC_MOE_SM90_SMALL_STAGES)
-#define SM90_SMEM_M                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN, SC_MOE_SM90_MEDIUM_STAGES)
-#define SM90_SMEM_W                                                                       \
-    SC_MOE_SM90_SMEM(SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_STAGES)
-
 #define MOE_CU "moe/moe.cu"
 #define SM90_CU "moe/moe_sm90a.cu"
 #define BOTH SC_MOE_BACKEND_AUTO
@@ -24,40 +15,34 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_ROUTER] = {MOE_CU, "sc_moe_router_gemm", BOTH, SC_MOE_SMEM_BYTES},
     [SCI_MOE_K_TOPK] = {MOE_CU, "sc_moe_topk", BOTH, 0},
     [SCI_MOE_K_OFFSETS] = {MOE_CU, "sc_moe_offsets", BOTH, 0},
-    [SCI_MOE_K_SCATTER] = {MOE_CU, "sc_moe_scatter", MMA, 0},
+    [SCI_MOE_K_SCATTER] = {MOE_CU, "sc_moe_scatter", BOTH, 0}, /* SM90: fp8 layers */
     [SCI_MOE_K_COMBINE] = {MOE_CU, "sc_moe_combine", BOTH, 0},
     [SCI_MOE_K_W13] = {MOE_CU, "sc_moe_gemm_w13", MMA, SC_MOE_SMEM_BYTES},
     [SCI_MOE_K_W2] = {MOE_CU, "sc_moe_gemm_w2", MMA, SC_MOE_SMEM_BYTES},
     [SCI_MOE_K_SCATTER_GATHER] = {MOE_CU, "sc_moe_scatter_gather", SM90, 0},
-    [SCI_MOE_K_W13_L] = {SM90_CU, "sc_moe_w13_sm90_large", SM90, SM90_SMEM_L},
-    [SCI_MOE_K_W2_L] = {SM90_CU, "sc_moe_w2_sm90_large", SM90, SM90_SMEM_L},
-    [SCI_MOE_K_W13_S] = {SM90_CU, "sc_moe_w13_sm90_small", SM90, SM90_SMEM_S},
-    [SCI_MOE_K_W2_S] = {SM90_CU, "sc_moe_w2_sm90_small", SM90, SM90_SMEM_S},
     [SCI_MOE_K_ROUTE_SMALL] = {MOE_CU, "sc_moe_route_small", BOTH, 0},
     [SCI_MOE_K_GATHER] = {MOE_CU, "sc_moe_gather", SM90, 0},
-    [SCI_MOE_K_W13_M] = {SM90_CU, "sc_moe_w13_sm90_medium", SM90, SM90_SMEM_M},
-    [SCI_MOE_K_W2_M] = {SM90_CU, "sc_moe_w2_sm90_medium", SM90, SM90_SMEM_M},
-    [SCI_MOE_K_W13_W] = {SM90_CU, "sc_moe_w13_sm90_wide", SM90, SM90_SMEM_W},
-    [SCI_MOE_K_W2_W] = {SM90_CU, "sc_moe_w2_sm90_wide", SM90, SM90_SMEM_W},
+    [SCI_MOE_K_GATHER_FP8] = {MOE_CU, "sc_moe_gather_fp8", SM90, 0},
     [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
     [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
+#define TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)                         \
+    [SCI_MOE_K_W13_##ID] = {SM90_CU, "sc_moe_w13_sm90_" #NAME, SM90,                      \
+                            SC_MOE_SM90_SMEM(CONS, BN, STAGES)},                          \
+    [SCI_MOE_K_W2_##ID] = {SM90_CU, "sc_moe_w2_sm90_" #NAME, SM90,                        \
+                           SC_MOE_SM90_SMEM(CONS, BN, STAGES)},
+    SC_MOE_SM90_TILES(TILE_KERNELS)
+#undef TILE_KERNELS
 };
 
-const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {
-    [SCI_MOE_TILE_LARGE] = {SC_MOE_SM90_LARGE_CONS, SC_MOE_SM90_LARGE_BN,
-                            SC_MOE_SM90_LARGE_A_BOX, 1, SCI_MOE_K_W13_L, SCI_MOE_K_W2_L,
-                            "large", "w13 gemm (sm90 large)", "w2 gemm (sm90 large)"},
-    [SCI_MOE_TILE_SMALL] = {SC_MOE_SM90_SMALL_CONS, SC_MOE_SM90_SMALL_BN,
-                            SC_MOE_SM90_SMALL_A_BOX, SC_MOE_SM90_SMALL_CTAS_PER_SM,
-                            SCI_MOE_K_W13_S, SCI_MOE_K_W2_S, "small", "w13 gemm (sm90 small)",
-                            "w2 gemm (sm90 small)"},
-    [SCI_MOE_TILE_MEDIUM] = {SC_MOE_SM90_MEDIUM_CONS, SC_MOE_SM90_MEDIUM_BN,
-                             SC_MOE_SM90_MEDIUM_A_BOX, 1, SCI_MOE_K_W13_M, SCI_MOE_K_W2_M,
-                             "medium", "w13 gemm (sm90 medium)", "w2 gemm (sm90 medium)"},
-    [SCI_MOE_TILE_WIDE] = {SC_MOE_SM90_WIDE_CONS, SC_MOE_SM90_WIDE_BN, SC_MOE_SM90_WIDE_A_BOX,
-                           1, SCI_MOE_K_W13_W, SCI_MOE_K_W2_W, "wide", "w13 gemm (sm90 wide)",
-                           "w2 gemm (sm90 wide)"},
-};
+#define PREC_FP8_BF16 false
+#define PREC_FP8_E4M3 true
+#define TILE_INFO(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)                            \
+    [SCI_MOE_TILE_##ID] = {PREC_FP8_##PREC, CONS, BN, STAGES, A_BOX, CTAS,                 \
+                           PREC_FP8_##PREC ? SC_MOE_FP8_BLOCK : (BN) / 2,                 \
+                           SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID, #NAME,                  \
+                           "w13 gemm (sm90 " #NAME ")", "w2 gemm (sm90 " #NAME ")"},
+const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {SC_MOE_SM90_TILES(TILE_INFO)};
+#undef TILE_INFO
 
 const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_LOGITS] = {SC_F32, "moe router logits", false},
@@ -76,6 +61,10 @@ const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_XPERM] = {SC_BF16, "moe x in expert order", false},
     [SCI_MOE_W_TICKET] = {SC_U32, "moe route ticket", true}, /* sc_moe_route_small resets it */
     [SCI_MOE_W_SHARED_W] = {SC_F32, "moe shared expert weights", false},
+    [SCI_MOE_W_XQ] = {SC_F8E4M3, "moe x in expert order (fp8)", false},
+    [SCI_MOE_W_XS] = {SC_F32, "moe x scales", false},
+    [SCI_MOE_W_HQ] = {SC_F8E4M3, "moe h (fp8)", false},
+    [SCI_MOE_W_HS] = {SC_F32, "moe h scales", false},
 };
 
 int sci_moe_tile_named(const char *name)
@@ -114,12 +103,17 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_PERM_TOKEN] = rows;
     count[SCI_MOE_W_PERM_WEIGHT] = rows;
     count[SCI_MOE_W_POS] = rows;
-    count[SCI_MOE_W_H] = rows * I;
+    count[SCI_MOE_W_H] = c->fp8 ? 0 : rows * I;
     count[SCI_MOE_W_Y] = rows * H;
     count[SCI_MOE_W_NO_BIAS] = 1;
-    count[SCI_MOE_W_XPERM] = c->backend == SC_MOE_BACKEND_SM90 ? rows * H : 0;
+    count[SCI_MOE_W_XPERM] = c->backend == SC_MOE_BACKEND_SM90 && !c->fp8 ? rows * H : 0;
     count[SCI_MOE_W_TICKET] = 1;
     count[SCI_MOE_W_SHARED_W] = tokens;
+    /* fp8: x and h in e4m3 with one f32 scale per row per 128 channels */
+    count[SCI_MOE_W_XQ] = c->fp8 ? rows * H : 0;
+    count[SCI_MOE_W_XS] = c->fp8 ? rows * (H / SC_MOE_FP8_BLOCK) : 0;
+    count[SCI_MOE_W_HQ] = c->fp8 ? rows * I : 0;
+    count[SCI_MOE_W_HS] = c->fp8 ? rows * (I / SC_MOE_FP8_BLOCK) : 0;
 }
 
 uint64_t sci_moe_workspace_bytes_for(const sci_moe_config *c, uint64_t tokens)
@@ -187,14 +181,17 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
     const bool sm90 = c->backend == SC_MOE_BACKEND_SM90, pdl = p->pdl;
     const sc_launch_desc warp_per_row = launch(ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1,
                                                32 * SC_MOE_SCATTER_WARPS, 0, pdl);
+    /* fp8 experts: x is gathered and quantized by its own kernel after the permutation */
+    const sc_launch_desc gather_fp8 = launch(ceil_div(rows, SC_MOE_GATHER_FP8_WARPS), 1, 1,
+                                             32 * SC_MOE_GATHER_FP8_WARPS, 0, pdl);
     if (T <= SC_MOE_ROUTE_SMALL_MAX_T && !caller) {
         p->route_small = true;
-        p->route_gathers =
-            sm90 && rows * (uint64_t)c->hidden * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
+        p->route_gathers = sm90 && !c->fp8 &&
+                           rows * (uint64_t)c->hidden * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
         p->route = launch(ceil_div((uint64_t)c->logit_cols, SC_MOE_ROUTE_EXPERTS), 1, 1,
                           SC_MOE_ROUTE_THREADS, 0, pdl);
         if (sm90 && !p->route_gathers)
-            p->gather = warp_per_row;
+            p->gather = c->fp8 ? gather_fp8 : warp_per_row;
         return;
     }
     if (caller) {
@@ -215,26 +212,32 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
                          32 * SC_MOE_TOPK_TOKENS_PER_BLOCK, 0, pdl);
     }
     p->offsets = launch(1, 1, 1, (uint32_t)(c->groups + 31) / 32 * 32, 0, pdl);
-    p->scatter = sm90 ? warp_per_row : launch(ceil_div(rows, 256), 1, 1, 256, 0, pdl);
+    p->scatter = sm90 && !c->fp8 ? warp_per_row : launch(ceil_div(rows, 256), 1, 1, 256, 0, pdl);
+    if (c->fp8)
+        p->gather = gather_fp8;
 }
 
 /* The tile shape of the SM90 GEMMs for T tokens: the small tile while the average expert
  * gets few rows (decode), where weight streaming decides, the large one otherwise. */
 static int sm90_tile_for(const sci_moe_config *c, uint64_t T)
 {
-    if (c->tile_override >= 0)
+    /* SAFECUDA_MOE_TILE: a tile of the layer's precision (another precision's is ignored) */
+    if (c->tile_override >= 0 && c->tile_override < SCI_MOE_N_TILES &&
+        sci_moe_tiles[c->tile_override].fp8 == c->fp8)
         return c->tile_override;
     uint64_t rows_per_expert = T * (uint64_t)c->top_k / (uint64_t)c->experts;
-    return rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS ? SCI_MOE_TILE_SMALL
-                                                         : SCI_MOE_TILE_LARGE;
+    if (rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS)
+        return c->fp8 ? SCI_MOE_TILE_FP8_SMALL : SCI_MOE_TILE_SMALL;
+    return c->fp8 ? SCI_MOE_TILE_FP8_LARGE : SCI_MOE_TILE_LARGE;
 }
 
-/* M tiles per group of the SM90 schedule for A rows of K bf16 in tiles of bm rows. */
+/* M tiles per group of the SM90 schedule for A rows of K elements (bf16 or e4m3) in tiles
+ * of bm rows. */
 static int sm90_group_m(const sci_moe_config *c, int bm, int K)
 {
     if (c->group_override > 0)
         return c->group_override;
-    uint64_t g = SC_MOE_SM90_GROUP_BYTES / ((uint64_t)bm * (uint64_t)K * 2);
+    uint64_t g = SC_MOE_SM90_GROUP_BYTES / ((uint64_t)bm * (uint64_t)K * (c->fp8 ? 1 : 2));
     return g < 1 ? 1 : g > SC_MOE_SM90_GROUP_M_MAX ? SC_MOE_SM90_GROUP_M_MAX : (int)g;
 }
 
@@ -247,7 +250,7 @@ static void plan_sm90(const sci_moe_config *c, sci_moe_plan *p)
     const int cons = ts->cons, bn = ts->bn, bm = 64 * cons;
     const uint32_t max_ctas = (uint32_t)c->sm_count * (uint32_t)ts->ctas_per_sm;
     const uint64_t m_tiles = p->rows / (uint64_t)bm + (uint64_t)c->groups;
-    const uint64_t tiles13 = m_tiles * ceil_div((uint64_t)c->intermediate, (uint64_t)bn / 2);
+    const uint64_t tiles13 = m_tiles * ceil_div((uint64_t)c->intermediate, (uint64_t)ts->cols13);
     const uint64_t tiles2 = m_tiles * ceil_div((uint64_t)c->hidden, (uint64_t)bn);
     const uint32_t threads = (uint32_t)(128 * (cons + 1));
     const uint32_t smem = (uint32_t)sci_moe_kernels[ts->k13].smem;

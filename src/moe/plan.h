@@ -9,16 +9,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../../kernels/moe/moe_config.cuh"
 #include "safecuda/moe.h"
 
-/* The kernels of kernels/moe/ the layer uses. */
+/* The kernels of kernels/moe/ the layer uses: the routing's, the MMA backend's GEMMs, and
+ * the SM90 GEMMs of each tile shape (SCI_MOE_K_W13_LARGE, ..., from SC_MOE_SM90_TILES). */
+#define SCI_MOE_TILE_KERNEL_ENUM(ID, ...) SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID,
 typedef enum sci_moe_kernel {
     SCI_MOE_K_ROUTER, SCI_MOE_K_TOPK, SCI_MOE_K_OFFSETS, SCI_MOE_K_SCATTER, SCI_MOE_K_COMBINE,
     SCI_MOE_K_W13, SCI_MOE_K_W2, /* MMA backend */
-    SCI_MOE_K_SCATTER_GATHER, SCI_MOE_K_W13_L, SCI_MOE_K_W2_L, SCI_MOE_K_W13_S,
-    SCI_MOE_K_W2_S, /* SM90 backend */
-    SCI_MOE_K_ROUTE_SMALL, SCI_MOE_K_GATHER, SCI_MOE_K_W13_M, SCI_MOE_K_W2_M, SCI_MOE_K_W13_W,
-    SCI_MOE_K_W2_W, SCI_MOE_K_COUNT_IDS, SCI_MOE_K_GATE_SMALL,
+    SCI_MOE_K_SCATTER_GATHER, SCI_MOE_K_ROUTE_SMALL, SCI_MOE_K_GATHER, SCI_MOE_K_GATHER_FP8,
+    SCI_MOE_K_COUNT_IDS, SCI_MOE_K_GATE_SMALL,
+    SC_MOE_SM90_TILES(SCI_MOE_TILE_KERNEL_ENUM)
     SCI_MOE_K_COUNT
 } sci_moe_kernel;
 
@@ -30,15 +32,19 @@ typedef struct sci_moe_kernel_info {
 
 extern const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT];
 
-/* The SM90 GEMMs' tile shapes, each with its pair of kernels and the tensor maps they read
- * through (boxes of a_box rows of A, bn/2 rows of W13, bn rows of W2). */
+/* The SM90 GEMMs' tile shapes (SC_MOE_SM90_TILES), each with its pair of kernels and the
+ * tensor maps they read through (boxes of a_box rows of A, bn/2 rows of W13, bn rows of W2,
+ * 128 bytes of K). */
+#define SCI_MOE_TILE_ENUM(ID, ...) SCI_MOE_TILE_##ID,
 typedef enum sci_moe_tile {
-    SCI_MOE_TILE_LARGE, SCI_MOE_TILE_SMALL, SCI_MOE_TILE_MEDIUM, SCI_MOE_TILE_WIDE,
+    SC_MOE_SM90_TILES(SCI_MOE_TILE_ENUM)
     SCI_MOE_N_TILES
 } sci_moe_tile;
 
 typedef struct sci_moe_tile_info {
-    int cons, bn, a_box, ctas_per_sm;
+    bool fp8;                   /* the e4m3 kernels (fp8 experts), else bf16 */
+    int cons, bn, stages, a_box, ctas_per_sm;
+    int cols13;                 /* columns of h per W13 tile: bn/2, or 128 for fp8 */
     sci_moe_kernel k13, k2;
     const char *name;           /* as SAFECUDA_MOE_TILE names it */
     const char *step13, *step2; /* the GEMMs' profile step names */
@@ -46,7 +52,7 @@ typedef struct sci_moe_tile_info {
 
 extern const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES];
 
-/* The tile shape called name ("small", ...), or -1. */
+/* The tile shape called name ("small", "fp8_large", ...), or -1. */
 int sci_moe_tile_named(const char *name);
 
 /* The workspace buffers, sized for a number of tokens (the capacity). */
@@ -55,6 +61,7 @@ typedef enum sci_moe_ws {
     SCI_MOE_W_TILE_OFF, SCI_MOE_W_CURSOR, SCI_MOE_W_PERM_TOKEN, SCI_MOE_W_PERM_WEIGHT,
     SCI_MOE_W_POS, SCI_MOE_W_H, SCI_MOE_W_Y, SCI_MOE_W_NO_BIAS, SCI_MOE_W_XPERM,
     SCI_MOE_W_TICKET, SCI_MOE_W_SHARED_W,
+    SCI_MOE_W_XQ, SCI_MOE_W_XS, SCI_MOE_W_HQ, SCI_MOE_W_HS, /* fp8: x and h, e4m3 + scales */
     SCI_MOE_W_COUNT
 } sci_moe_ws;
 
@@ -73,6 +80,7 @@ typedef struct sci_moe_config {
     int groups, slots;      /* E + S experts in the GEMMs, k + S rows per token */
     int logit_cols;         /* router columns: E, + 1 for the shared expert's gate */
     sc_moe_backend backend; /* resolved: MMA or SM90 */
+    bool fp8;               /* e4m3 experts with block scales (SM90) */
     int sm_count;           /* the device's */
     int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
     int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */

@@ -93,8 +93,8 @@ static void test_sm90_small_layer(void)
     NOT_LAUNCHED(p.offsets);
     NOT_LAUNCHED(p.scatter);
     CHECK_EQ(p.tile, SCI_MOE_TILE_SMALL);
-    CHECK_EQ(p.k13, SCI_MOE_K_W13_S);
-    CHECK_EQ(p.k2, SCI_MOE_K_W2_S);
+    CHECK_EQ(p.k13, SCI_MOE_K_W13_SMALL);
+    CHECK_EQ(p.k2, SCI_MOE_K_W2_SMALL);
     CHECK(strcmp(p.step13, "w13 gemm (sm90 small)") == 0);
     CHECK(strcmp(p.step2, "w2 gemm (sm90 small)") == 0);
     /* M tiles: 2 / 64 + 8 experts = 8; W13: 8 x ceil(256 / 32) = 64 tiles, W2: 8 x
@@ -141,8 +141,8 @@ static void test_sm90_small_layer(void)
     CHECK_EQ(plan(&c, 99).tile, SCI_MOE_TILE_SMALL);
     p = plan(&c, 100);
     CHECK_EQ(p.tile, SCI_MOE_TILE_LARGE);
-    CHECK_EQ(p.k13, SCI_MOE_K_W13_L);
-    CHECK_EQ(p.k2, SCI_MOE_K_W2_L);
+    CHECK_EQ(p.k13, SCI_MOE_K_W13_LARGE);
+    CHECK_EQ(p.k2, SCI_MOE_K_W2_LARGE);
     CHECK(strcmp(p.step13, "w13 gemm (sm90 large)") == 0);
     /* M tiles: 200 / 128 + 8 = 9; W13 9 x ceil(256 / 128) = 18, W2 9 x ceil(512 / 256) =
      * 18; 384 threads (2 consumers). GROUP_M: 16 MiB / (128 x 512 x 2) = 128 -> 16. */

@@ -1,0 +1,64 @@
+/* The MoE layer object (internal), shared by moe.c (lifecycle, workspace, forwards) and
+ * weights.c (the desc and weight checks, the weights' tensor maps). */
+#ifndef SAFECUDA_MOE_LAYER_H
+#define SAFECUDA_MOE_LAYER_H
+
+#include <pthread.h>
+
+#include "core/context.h"
+#include "core/registry.h"
+#include "moe/plan.h"
+#include "safecuda/moe.h"
+
+/* The layer's weights, each a checked view (a whole buffer or a part of one); absent
+ * optional ones have no buffer. */
+typedef enum sci_moe_weight {
+    SCI_MOE_WT_ROUTER, SCI_MOE_WT_W13, SCI_MOE_WT_W2, SCI_MOE_WT_SEL_BIAS, SCI_MOE_WT_ROUTER_BIAS,
+    SCI_MOE_WT_W13_BIAS, SCI_MOE_WT_W2_BIAS, SCI_MOE_WT_SHARED_W13, SCI_MOE_WT_SHARED_W2,
+    SCI_MOE_WT_SHARED_GATE,
+    SCI_MOE_WT_W13_SCALE, SCI_MOE_WT_W2_SCALE, SCI_MOE_WT_SHARED_W13_SCALE,
+    SCI_MOE_WT_SHARED_W2_SCALE, /* fp8 experts' block scales */
+    SCI_MOE_WT_COUNT
+} sci_moe_weight;
+
+typedef struct sci_moe {
+    sci_object obj;
+    sci_context *ctx;
+    sc_moe_desc desc;
+    sci_moe_config cfg; /* what the plans depend on: shape, backend, device, tuning */
+    sc_view wt[SCI_MOE_WT_COUNT];
+    sc_kernel kernels[SCI_MOE_K_COUNT];
+    sc_buffer fault;      /* u32 [4]: bad caller routing ids seen, the first's token, slot, id */
+    pthread_mutex_t lock; /* the workspace */
+    uint64_t capacity;    /* tokens */
+    sc_buffer ws[SCI_MOE_W_COUNT];
+    /* SM90: maps of the weights (made once: W13's gate and up rows, W2, and the shared
+     * expert's) and of the GEMMs' A operands in the workspace (x in expert order and h, bf16
+     * or e4m3; made with the workspace), one per tile shape of the layer's precision. */
+    sc_tensor_map g_map[SCI_MOE_N_TILES], u_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
+    sc_tensor_map sg_map[SCI_MOE_N_TILES], su_map[SCI_MOE_N_TILES], sw2_map[SCI_MOE_N_TILES];
+    sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
+    int kshift13, kshift2; /* bf16 SM90: the routed W13's and W2's K shift (elements) */
+} sci_moe;
+
+/* Check the layer's shape and options, filling in the defaults (dtype and expert_dtype
+ * bf16, routed scaling 1, gpt-oss's activation constants). */
+sc_status sci_moe_check_desc(sc_moe_desc *d, const char *fn);
+/* Resolve the backend for the context's device (AUTO: SM90 on 9.0, MMA elsewhere), or
+ * refuse the device. */
+sc_status sci_moe_resolve_backend(sc_moe_desc *d, const sci_context *c, const char *fn);
+/* The weights: each resolved to a view and checked (dtype, element count, alignment). */
+sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, const char *fn,
+                                sc_view wt[SCI_MOE_WT_COUNT]);
+/* What the plans depend on (with the tuning knobs from the environment). */
+sci_moe_config sci_moe_layer_config(const sc_moe_desc *d, const sci_context *c);
+/* SM90: the weights' tensor maps for the tile shapes of the layer's precision, and the
+ * bf16 K shifts. */
+sc_status sci_moe_encode_weight_maps(sci_moe *m);
+/* A tensor map of rows x cols elements at element `offset` of view v, rows `stride`
+ * elements apart (0: cols), in boxes of box_rows x 128 bytes (the 128-byte swizzle), as the
+ * SM90 kernels read A and B tiles. */
+sc_status sci_moe_encode_map_at(sc_view v, uint64_t offset, uint64_t rows, uint64_t cols,
+                                uint64_t stride, uint32_t box_rows, sc_tensor_map *map);
+
+#endif
