@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "../cuda_include.h"
+#include "../fp8_kernel.h"
 #include "../test.h"
 #include "driver/driver.h"
 #include "fake_control.h"
@@ -313,16 +314,6 @@ static void test_launch_ptx(void)
     CHECK_OK(sc_module_destroy(m));
 }
 
-/* The GPU test's kernel (tests/gpu/test_gpu_fp8.c compiles the same source). */
-static const char fp8_src[] =
-    "#include <cuda_fp8.h>\n"
-    "template <class T> __global__ void k(const T *in, T *out, unsigned n)\n"
-    "{\n"
-    "    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "    if (i < n)\n"
-    "        out[i] = T(2.0f * float(in[i]));\n"
-    "}\n";
-
 static void test_launch_nvrtc(void)
 {
     int major, minor;
@@ -337,8 +328,8 @@ static void test_launch_nvrtc(void)
     }
     snprintf(opt, sizeof opt, "-I%s", inc);
     const char *opts[] = {opt, NULL};
-    const char *names[] = {"k<__nv_fp8_e4m3>", "k<__nv_fp8_e5m2>", NULL};
-    const sc_program_desc desc = {.source = fp8_src, .name = "fp8.cu", .options = opts,
+    const char *const *names = fp8_kernel_names;
+    const sc_program_desc desc = {.source = fp8_kernel_src, .name = "fp8.cu", .options = opts,
                                   .name_expressions = names};
 
     /* Compile-only for sm_90a: the GPU test's build on an H100. */
@@ -360,6 +351,8 @@ static void test_launch_nvrtc(void)
     CHECK(lowered && strcmp(lowered, K_E4M3) == 0);
     CHECK_OK(sc_program_lowered_name(p, names[1], &lowered));
     CHECK(lowered && strcmp(lowered, K_E5M2) == 0);
+    CHECK_OK(sc_program_lowered_name(p, names[2], &lowered));
+    CHECK(lowered && strcmp(lowered, "_Z5scaleI13__nv_fp8_e4m3EvPKT_PS1_fj") == 0);
     sc_module m;
     CHECK_OK(sc_module_load(ctx, p, &m));
     sc_kernel k4 = {0}, k5 = {0};
@@ -367,6 +360,23 @@ static void test_launch_nvrtc(void)
     CHECK_OK(sc_kernel_get(m, names[1], &k5));
     if (k4.id && k5.id)
         check_launches(k4, k5, (sc_kernel){0}, "NVRTC");
+    /* scale<e5m2>(const T*, T*, float, unsigned): the fp8 pointers and the float. */
+    sc_kernel ks = {0};
+    CHECK_OK(sc_kernel_get(m, names[3], &ks));
+    sc_kernel_props kp;
+    CHECK_OK(sc_kernel_info(ks, &kp));
+    CHECK(kp.typed && kp.n_params == 4);
+    sc_buffer x = make_buffer(SC_F8E5M2, 64, "x"), y = make_buffer(SC_F8E4M3, 64, "y");
+    const sc_launch_desc one = {.grid = {1, 1, 1}, .block = {64, 1, 1}};
+    CHECK_OK(SC_LAUNCH(SC_DEFAULT_STREAM, ks, &one, sc_arg_in(sc_view_of(x)),
+                       sc_arg_out(sc_view_of(x)), sc_arg_f32(0.5f), sc_arg_u32(64)));
+    CHECK_FAIL(SC_LAUNCH(SC_DEFAULT_STREAM, ks, &one, sc_arg_in(sc_view_of(x)),
+                         sc_arg_out(sc_view_of(y)), sc_arg_f32(0.5f), sc_arg_u32(64)),
+               SC_ERR_TYPE_MISMATCH, "sc_kernel_launch");
+    CHECK_MSG("argument 1: the kernel wants '__nv_fp8_e5m2*' but an out f8e4m3 view");
+    CHECK_OK(sc_context_synchronize(ctx));
+    CHECK_OK(sc_buffer_destroy(x));
+    CHECK_OK(sc_buffer_destroy(y));
     CHECK_OK(sc_module_destroy(m));
     CHECK_OK(sc_program_destroy(p));
 }
