@@ -560,7 +560,8 @@ SC_API sc_status sc_copy_to_host_buffer(sc_stream stream, sc_host_buffer dst,
 SC_API sc_status sc_copy(sc_stream stream, sc_view dst, sc_view src);
 
 /* Set every element of dst to *value, which points at one element of dst's dtype
- * (e.g. a float for SC_F32, a uint16_t bit pattern for SC_BF16). */
+ * (e.g. a float for SC_F32, a uint16_t bit pattern for SC_BF16, a uint8_t bit pattern
+ * for SC_F8E4M3 and SC_F8E5M2: 0x38 is 1.0 in e4m3, 0x3c in e5m2). */
 SC_API sc_status sc_fill(sc_stream stream, sc_view dst, const void *value);
 
 /* ======================================================================================
@@ -866,7 +867,11 @@ static inline sc_arg sc_arg_tensor_map_out(const sc_tensor_map *m) { sc_arg a = 
 /* Launch kernel on stream after checking: the argument count and each argument's size
  * against the kernel's parameters (cuFuncGetParamInfo); for kernels with C++ (mangled)
  * names, each parameter's type (a view's dtype against the pointer's element type, a
- * const T* parameter passed as out/inout, a scalar's dtype); the grid, block and shared
+ * const T* parameter passed as out/inout, a scalar's dtype; the element types known are
+ * the builtin integer and float types, __half, __nv_bfloat16, and cuda_fp8.h's
+ * __nv_fp8_e4m3 and __nv_fp8_e5m2 for SC_F8E4M3 / SC_F8E5M2: an fp8 buffer is refused
+ * where the kernel takes the other fp8 type or unsigned char, and a u8 buffer where it
+ * takes an fp8 type; pointers to other structs are not checked); the grid, block and shared
  * memory against the device's and the kernel's limits; the cluster and cooperative
  * fields (see sc_launch_desc). A mismatch names the argument index or the dimension, what
  * the kernel wants and what was given; nothing is launched:

@@ -23,7 +23,7 @@ from ctypes import (byref, c_bool, c_char, c_char_p, c_float, c_int, c_size_t, c
 
 from . import _lib
 from ._dtype import (DType, as_dtype, bf16_bits_to_float, dtype_for_host_format,
-                     host_compatible, pack_scalar)
+                     fp8_bits_to_float, host_compatible, pack_scalar)
 from ._lib import (caller_site, fail, label_bytes, lib, sc_buffer_desc, sc_buffer_origin,
                    sc_buffer_props, sc_context_desc, sc_device_props, sc_event_desc,
                    sc_memory_stats, sc_object_info, sc_stream_desc, sc_view)
@@ -831,7 +831,8 @@ class View:
     def to_host(self, out=None, *, stream=None):
         """The view's elements on the host. Into out (a writable bytearray, array.array,
         memoryview or numpy array of the same bytes) when given, returned; else a new
-        memoryview of the view's format and shape (bf16: 16-bit patterns, 'H')."""
+        memoryview of the view's format and shape (bf16: 16-bit patterns, 'H'; fp8: 8-bit
+        patterns, 'B')."""
         if out is not None:
             mv = _host_memoryview(out)
             if not host_compatible(mv.format, self.dtype):
@@ -857,16 +858,20 @@ class View:
         return mv
 
     def to_numpy(self, *, stream=None):
-        """A new numpy array of the view's elements and shape (bf16 as uint16 patterns)."""
+        """A new numpy array of the view's elements and shape (bf16 as uint16 patterns, fp8
+        as uint8 patterns: numpy has no fp8 type)."""
         import numpy as np
         out = np.empty(self.shape, dtype=_NUMPY_NAMES[self.dtype])
         return self.to_host(out, stream=stream)
 
     def tolist(self, *, stream=None):
-        """The elements as (nested) Python numbers; bf16 converted to float."""
+        """The elements as (nested) Python numbers; bf16 and fp8 converted to float."""
         mv = self.to_host(stream=stream)
         if self.dtype is DType.BF16:
             flat = [bf16_bits_to_float(v) for v in mv.cast("B").cast("H").tolist()]
+            return _nest(flat, self.shape)
+        if self.dtype in (DType.F8E4M3, DType.F8E5M2):
+            flat = [fp8_bits_to_float(v, self.dtype) for v in mv.cast("B").tolist()]
             return _nest(flat, self.shape)
         return mv.tolist() if self.shape else mv.cast("B").cast(self.dtype.format)[0]
 
@@ -875,7 +880,9 @@ class View:
         _check(lib.sc_copy(_stream_handle(stream), self._sv, src._sv))
 
     def fill(self, value, *, stream=None):
-        """Set every element to value (a number of the view's dtype)."""
+        """Set every element to value: a number of the view's dtype (bf16 and fp8 rounded
+        to nearest even, fp8 saturating), or bytes of one element, its bit pattern
+        (b"\\x38": 1.0 in f8e4m3)."""
         raw = pack_scalar(self.dtype, value)
         _check(lib.sc_fill(_stream_handle(stream), self._sv, raw))
 
@@ -905,7 +912,8 @@ class View:
 _NUMPY_NAMES = {DType.U8: "uint8", DType.I8: "int8", DType.U16: "uint16", DType.I16: "int16",
                 DType.U32: "uint32", DType.I32: "int32", DType.U64: "uint64",
                 DType.I64: "int64", DType.F16: "float16", DType.BF16: "uint16",
-                DType.F32: "float32", DType.F64: "float64"}
+                DType.F32: "float32", DType.F64: "float64", DType.F8E4M3: "uint8",
+                DType.F8E5M2: "uint8"}
 
 
 def _nest(flat, shape):
@@ -980,16 +988,19 @@ class Buffer(_Resource, View):
         return f"<safecuda.Buffer {name} shape {self.shape} {self.dtype}{state}>"
 
     @classmethod
-    def from_dlpack(cls, obj, *, context=None, stream=None, label=None, read_only=False):
+    def from_dlpack(cls, obj, *, context=None, stream=None, label=None, read_only=False,
+                    dtype=None):
         """Import a DLPack tensor (an object with __dlpack__, e.g. a CUDA torch tensor, or
         a capsule) as a borrowed buffer of its shape, without a copy. The producer is asked
         to order its work before `stream` (default: the context's default stream); with
         `stream` given it is taken as the owner's stream (see sc_borrow_desc.stream): the
         release waits on it instead of the host. The buffer holds the producer's tensor
-        until it is closed."""
+        until it is closed. dtype: take the tensor's elements as this dtype, their bits
+        unchanged (elements of its width only, else TypeMismatchError): fp8 data a producer
+        exports as uint8, say (safecuda.torch.as_buffer does that for torch's fp8)."""
         from ._dlpack import import_dlpack
         return import_dlpack(cls, obj, context=context, stream=stream, label=label,
-                             read_only=read_only, site=caller_site())
+                             read_only=read_only, site=caller_site(), dtype=dtype)
 
     @classmethod
     def borrow(cls, context, device_ptr, count, dtype, *, shape=None, label=None, stream=None,

@@ -10,6 +10,11 @@ Import (Buffer.from_dlpack): the producer's capsule is handed to sc_buffer_from_
 success the capsule is renamed "used_dltensor_versioned" and the buffer owns the tensor
 (its deleter runs once, when the buffer goes). A producer that only gives the unversioned
 "dltensor" capsule is wrapped in a versioned struct whose deleter calls the original's.
+With dtype= the tensor's elements are taken as that dtype of the same width (the fp8 bits
+of a producer whose DLPack has no fp8 codes, exported as uint8).
+
+retype_capsule changes the element type a capsule of ours announces (the fp8 view handed
+to a consumer as uint8 bits: safecuda.torch.as_tensor).
 
 The capsule destructors and deleters written here are ctypes callbacks that are never
 freed (a capsule or a buffer may outlive this module's globals at exit); they call into
@@ -24,9 +29,9 @@ from ctypes import (CFUNCTYPE, POINTER, byref, c_char_p, c_int, c_uint64, c_void
 from . import _lib
 from ._core import _check, _Resource, _stream_handle, default_context
 from ._dtype import DType, as_dtype
-from ._lib import (DLManagedTensor, DLManagedTensorVersioned, DLTensor, fail, intern_c_string,
-                   kDLCUDA, label_bytes, lib, sc_borrow_desc, sc_buffer_props,
-                   sc_dlpack_export_desc, sc_dlpack_import_desc)
+from ._lib import (DLDataType, DLManagedTensor, DLManagedTensorVersioned, DLTensor, fail,
+                   intern_c_string, kDLCUDA, label_bytes, lib, sc_borrow_desc,
+                   sc_buffer_props, sc_dlpack_export_desc, sc_dlpack_import_desc)
 
 _api = ctypes.pythonapi
 _libc = ctypes.CDLL(None)
@@ -178,6 +183,36 @@ def export_view(view, *, stream=None, max_version=None, dl_device=None, copy=Non
         raise
 
 
+def _dl_type(dtype):
+    out = DLDataType()
+    _check(lib.sc_dtype_to_dlpack(int(dtype), byref(out)))
+    return out
+
+
+def _dl_tensor_at(capsule):
+    """The DLTensor inside an unconsumed capsule (either kind)."""
+    name = _capsule_get_name(capsule)
+    if name == b"dltensor_versioned":
+        base = _capsule_get_pointer(capsule, name)
+        return DLTensor.from_address(base + DLManagedTensorVersioned.dl_tensor.offset)
+    if name == b"dltensor":
+        base = _capsule_get_pointer(capsule, name)
+        return DLTensor.from_address(base + DLManagedTensor.dl_tensor.offset)
+    raise BufferError(f"a capsule named {name!r} is not an unconsumed DLPack tensor")
+
+
+def retype_capsule(capsule, dtype):
+    """Make an unconsumed capsule announce dtype, which must have the width of the
+    tensor's elements (its bits are taken as they are)."""
+    t = _dl_tensor_at(capsule)
+    new = _dl_type(as_dtype(dtype))
+    if (t.dtype.bits, t.dtype.lanes) != (new.bits, 1):
+        raise TypeError(f"retype_capsule: elements of {t.dtype.bits} bits x {t.dtype.lanes} "
+                        f"lanes can't be taken as {as_dtype(dtype)}")
+    t.dtype.code, t.dtype.bits = new.code, new.bits
+    return capsule
+
+
 def _legacy_capsule(versioned_addr):
     p = _malloc(1, sizeof(DLManagedTensor))
     if not p:
@@ -205,7 +240,7 @@ def _device_name(t):
     return {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 13: "kDLCUDAManaged"}.get(t, str(t))
 
 
-def import_dlpack(cls, obj, *, context, stream, label, read_only, site):
+def import_dlpack(cls, obj, *, context, stream, label, read_only, site, dtype=None):
     ctx = context
     if _is_capsule(obj):
         capsule = obj
@@ -235,10 +270,10 @@ def import_dlpack(cls, obj, *, context, stream, label, read_only, site):
                 capsule = obj.__dlpack__(max_version=(1, 1))
             except TypeError:
                 capsule = obj.__dlpack__()
-    return _import_capsule(cls, ctx, capsule, stream, label, read_only, site)
+    return _import_capsule(cls, ctx, capsule, stream, label, read_only, site, dtype)
 
 
-def _import_capsule(cls, ctx, capsule, stream, label, read_only, site):
+def _import_capsule(cls, ctx, capsule, stream, label, read_only, site, dtype=None):
     name = _capsule_get_name(capsule)
     if name == b"dltensor_versioned":
         ptr = _capsule_get_pointer(capsule, b"dltensor_versioned")
@@ -260,16 +295,30 @@ def _import_capsule(cls, ctx, capsule, stream, label, read_only, site):
     else:
         raise BufferError(f"Buffer.from_dlpack: a capsule named {name!r} is not a DLPack "
                           f"tensor")
+    t = DLManagedTensorVersioned.from_address(ptr).dl_tensor
+    given = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    if dtype is not None:  # the same bits, taken as dtype
+        want = as_dtype(dtype)
+        new = _dl_type(want)
+        if (given[1], given[2]) != (new.bits, 1):
+            if wrapper:
+                _free(wrapper)
+            raise _lib.error(_lib.Status.SC_ERR_TYPE_MISMATCH,
+                             f"Buffer.from_dlpack: dtype={want} asked, but the tensor's "
+                             f"elements are {given[1]} bits x {given[2]} lanes (DLPack code "
+                             f"{given[0]}); only elements of {new.bits} bits can be taken "
+                             f"as {want}")
+        t.dtype.code, t.dtype.bits = new.code, new.bits
     desc = sc_dlpack_import_desc(label_bytes(label), _stream_handle(stream), bool(read_only))
     h = c_uint64()
     file, line = site
     r = lib.sc_buffer_from_dlpack_at(ctx._h, ptr, byref(desc), byref(h), file, line)
     if r:
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = given  # the producer's tensor as it was
         if wrapper:
             _free(wrapper)  # the capsule still owns the producer's tensor
         fail(r)
     _capsule_set_name(capsule, NAME_USED_VERSIONED if wrapper is None else NAME_USED_LEGACY)
-    t = DLManagedTensorVersioned.from_address(ptr).dl_tensor
     shape = tuple(t.shape[i] for i in range(t.ndim)) if t.ndim > 0 else ()
     props = sc_buffer_props()
     _check(lib.sc_buffer_info(h.value, byref(props)))

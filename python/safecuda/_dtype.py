@@ -6,8 +6,14 @@ import struct
 
 
 class DType(enum.IntEnum):
-    """sc_dtype. Wherever a dtype is taken, a DType, its short name ("f32", "bf16"), a
-    long name ("float32", "bfloat16"), a numpy dtype or a torch dtype may be given."""
+    """sc_dtype. Wherever a dtype is taken, a DType, its short name ("f32", "bf16",
+    "f8e4m3"), a long name ("float32", "bfloat16", "float8_e4m3fn"), a numpy dtype or a
+    torch dtype (torch.float8_e4m3fn, torch.float8_e5m2 too) may be given.
+
+    The fp8 types F8E4M3 (OCP e4m3fn: no infinities, max 448; CUDA's __nv_fp8_e4m3) and
+    F8E5M2 (IEEE-like, max 57344; __nv_fp8_e5m2) are 1-byte floats that numpy lacks: on
+    the host they are their raw bit patterns, format 'B' (numpy uint8 arrays, bytes);
+    tolist() and fills convert from and to Python floats (float_to_fp8_bits)."""
     U8 = 1
     I8 = 2
     U16 = 3
@@ -20,6 +26,8 @@ class DType(enum.IntEnum):
     BF16 = 10
     F32 = 11
     F64 = 12
+    F8E4M3 = 13
+    F8E5M2 = 14
 
     @property
     def size(self):
@@ -31,12 +39,13 @@ class DType(enum.IntEnum):
 
     @property
     def format(self):
-        """The struct / memoryview format of one element (bf16: its 16 raw bits, 'H')."""
+        """The struct / memoryview format of one element (bf16: its 16 raw bits, 'H';
+        fp8: its 8 raw bits, 'B')."""
         return _FORMAT[self]
 
     @property
     def kind(self):
-        """'u', 'i' or 'f' (bf16: 'f')."""
+        """'u', 'i' or 'f' (bf16 and fp8: 'f')."""
         return _KIND[self]
 
     def __str__(self):
@@ -57,6 +66,8 @@ _TABLE = [
     (DType.BF16, "bf16", ("bfloat16",), "H", 2, "f"),
     (DType.F32, "f32", ("float32", "float"), "f", 4, "f"),
     (DType.F64, "f64", ("float64", "double"), "d", 8, "f"),
+    (DType.F8E4M3, "f8e4m3", ("float8_e4m3fn", "float8_e4m3", "e4m3"), "B", 1, "f"),
+    (DType.F8E5M2, "f8e5m2", ("float8_e5m2", "e5m2"), "B", 1, "f"),
 ]
 _SIZE = {t[0]: t[4] for t in _TABLE}
 _SHORT = {t[0]: t[1] for t in _TABLE}
@@ -117,14 +128,15 @@ def dtype_for_host_format(fmt):
     if k is None:
         return None
     for d in DType:
-        if d is not DType.BF16 and (d.kind, d.size) == k:
+        if d not in _BITS_ONLY and (d.kind, d.size) == k:
             return d
     return None
 
 
 def host_compatible(fmt, dtype):
     """Whether host elements of format fmt may be copied as dtype: raw bytes (B, b, c)
-    always; otherwise the same kind and size (bf16 takes u16 bit patterns)."""
+    always (fp8 takes those only: its bit patterns); otherwise the same kind and size
+    (bf16 takes u16 bit patterns)."""
     k = host_format_kind(fmt)
     if k is None:
         return False
@@ -149,8 +161,75 @@ def bf16_bits_to_float(bits):
     return f
 
 
+# Types held on the host as bit patterns of an unsigned format ('H', 'B'): no host format
+# stands for them.
+_BITS_ONLY = (DType.BF16, DType.F8E4M3, DType.F8E5M2)
+
+# fp8: mantissa bits, exponent bias, largest finite value.
+_FP8 = {DType.F8E4M3: (3, 7, 448.0), DType.F8E5M2: (2, 15, 57344.0)}
+
+
+def _fp8_format(dtype):
+    d = as_dtype(dtype)
+    if d not in _FP8:
+        raise ValueError(f"{d} is not an fp8 dtype (f8e4m3, f8e5m2)")
+    return d, _FP8[d]
+
+
+def fp8_bits_to_float(bits, dtype):
+    """The value of an fp8 bit pattern (dtype f8e4m3 or f8e5m2): e4m3 has no infinities
+    and one NaN pattern a sign (S.1111.111); e5m2 is IEEE-like (S.11111.00 infinity,
+    S.11111.xx with xx != 0 NaN)."""
+    d, (mbits, bias, _) = _fp8_format(dtype)
+    bits = int(bits) & 0xFF
+    sign = -1.0 if bits & 0x80 else 1.0
+    e = (bits >> mbits) & ((1 << (7 - mbits)) - 1)
+    m = bits & ((1 << mbits) - 1)
+    if d is DType.F8E4M3 and e == 15 and m == 7:
+        return math.nan
+    if d is DType.F8E5M2 and e == 31:
+        return math.nan if m else sign * math.inf
+    if e == 0:
+        return sign * math.ldexp(m, 1 - bias - mbits)
+    return sign * math.ldexp(m + (1 << mbits), e - bias - mbits)
+
+
+def float_to_fp8_bits(x, dtype):
+    """The fp8 bit pattern (dtype f8e4m3 or f8e5m2) nearest to x, ties to even,
+    saturating: a magnitude past the largest finite value (infinities too) gives that
+    value, as CUDA's satfinite conversions (__nv_fp8_e4m3(float)); NaN gives 0x7f."""
+    _, (mbits, bias, maxv) = _fp8_format(dtype)
+    x = float(x)
+    if math.isnan(x):
+        return 0x7F
+    sign = 0x80 if math.copysign(1.0, x) < 0 else 0
+    a = min(abs(x), maxv)
+    if a == 0:
+        return sign
+    # The spacing of the format's values around a (subnormals below 2^(1 - bias)).
+    e = max(math.frexp(a)[1] - 1, 1 - bias)
+    v = round(a / math.ldexp(1.0, e - mbits)) * math.ldexp(1.0, e - mbits)  # ties to even
+    if v == 0:
+        return sign
+    e = math.frexp(v)[1] - 1
+    if e < 1 - bias:
+        return sign | int(v / math.ldexp(1.0, 1 - bias - mbits))
+    m = int(v / math.ldexp(1.0, e - mbits)) - (1 << mbits)
+    return sign | ((e + bias) << mbits) | m
+
+
 def pack_scalar(dtype, value):
-    """One element of dtype as bytes (for fills)."""
+    """One element of dtype as bytes (for fills): a number converted to dtype (bf16 and
+    fp8 rounded to nearest even, fp8 saturating), or bytes of exactly one element taken
+    as its bit pattern (b"\\x38" is 1.0 in f8e4m3)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if len(raw) != dtype.size:
+            raise ValueError(f"a fill value of {len(raw)} bytes for {dtype} (elements of "
+                             f"{dtype.size} byte{'s' if dtype.size != 1 else ''})")
+        return raw
     if dtype is DType.BF16:
         return struct.pack("<H", float_to_bf16_bits(float(value)))
+    if dtype in _FP8:
+        return struct.pack("<B", float_to_fp8_bits(value, dtype))
     return struct.pack("<" + dtype.format, value)

@@ -20,7 +20,10 @@
     torch.ops.safecuda.moe_accumulate(x, layer, out, routing_ids=None,
         routing_weights=None, check_routing=False): out += layer(x), in place (out is
         declared mutated)
-- as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways.
+- as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways (fp8
+  too: torch.float8_e4m3fn <-> f8e4m3, torch.float8_e5m2 <-> f8e5m2, carried as uint8
+  bits through DLPack, which many torch versions refuse for fp8); torch_dtype(dtype):
+  the torch dtype of a safecuda dtype.
 
 The layer keeps references to the weight tensors; it reads them where they were when it
 was built, so build a new layer after moving or converting them. It is forward-only (no
@@ -40,7 +43,7 @@ from torch import Tensor
 
 from . import _lib
 from ._core import Buffer, Stream, default_context
-from ._dtype import DType
+from ._dtype import DType, as_dtype
 from ._lib import fail, intern_c_string, lib, sc_borrow_desc, sc_view
 from ._moe import MoE as _MoE
 
@@ -49,28 +52,83 @@ if not hasattr(torch.library, "custom_op"):
                       f"torch {torch.__version__}")
 
 __all__ = ["MoE", "as_buffer", "as_tensor", "moe", "moe_accumulate", "moe_route", "moe_routed",
-           "moe_with_routing"]
+           "moe_with_routing", "torch_dtype"]
 
 _layers = {}  # layer id -> _Layer
 _layer_ids = itertools.count(1)
 _SITE_FILE = intern_c_string(__file__)
 
 
+# torch's names of safecuda's dtypes (getattr: the unsigned 16- to 64-bit types came in
+# torch 2.3, fp8 in 2.1).
+_TORCH_NAMES = {DType.U8: "uint8", DType.I8: "int8", DType.U16: "uint16", DType.I16: "int16",
+                DType.U32: "uint32", DType.I32: "int32", DType.U64: "uint64",
+                DType.I64: "int64", DType.F16: "float16", DType.BF16: "bfloat16",
+                DType.F32: "float32", DType.F64: "float64",
+                DType.F8E4M3: "float8_e4m3fn", DType.F8E5M2: "float8_e5m2"}
+_FP8 = (DType.F8E4M3, DType.F8E5M2)
+
+
+def torch_dtype(dtype):
+    """The torch dtype of a safecuda dtype (anything as_dtype takes): torch.float32 for
+    f32, torch.float8_e4m3fn for f8e4m3, torch.float8_e5m2 for f8e5m2, ... TypeError
+    where this torch has none. (The other way is safecuda.as_dtype(torch_dtype).)"""
+    d = as_dtype(dtype)
+    t = getattr(torch, _TORCH_NAMES[d], None)
+    if not isinstance(t, torch.dtype):
+        raise TypeError(f"torch_dtype: torch {torch.__version__} has no torch."
+                        f"{_TORCH_NAMES[d]} for safecuda's {d}")
+    return t
+
+
+def _fp8_dtype(tdtype):
+    """The safecuda fp8 DType of a torch dtype, None for the others."""
+    for d in _FP8:
+        if getattr(torch, _TORCH_NAMES[d], None) == tdtype:
+            return d
+    return None
+
+
+class _Fp8AsBytes:
+    """An fp8 view as a DLPack producer of uint8 bits (its export retyped), for torch
+    versions whose DLPack import refuses the fp8 codes."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def __dlpack_device__(self):
+        return self._view.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        from ._dlpack import retype_capsule
+        return retype_capsule(self._view.__dlpack__(**kwargs), DType.U8)
+
+
 def as_buffer(tensor, *, context=None, read_only=False, label=None):
     """A CUDA tensor as a safecuda Buffer of the same memory and shape (no copy), ordered
     on torch's current stream (its owner stream). The buffer holds the tensor until it is
-    closed."""
+    closed. An fp8 tensor (torch.float8_e4m3fn, torch.float8_e5m2) gives a buffer of
+    f8e4m3 / f8e5m2 (its bits cross as uint8)."""
     if not tensor.is_cuda:
         raise ValueError(f"as_buffer: the tensor is on {tensor.device}, not a CUDA device")
     ctx = context if context is not None else default_context(tensor.device.index)
     stream = Stream.from_torch(torch.cuda.current_stream(tensor.device), context=ctx)
-    return Buffer.from_dlpack(tensor.detach(), context=ctx, stream=stream,
-                              read_only=read_only, label=label)
+    fp8 = _fp8_dtype(tensor.dtype)
+    src = tensor.detach()
+    if fp8 is not None:
+        src = src.view(torch.uint8)
+    return Buffer.from_dlpack(src, context=ctx, stream=stream, read_only=read_only,
+                              label=label, dtype=fp8)
 
 
 def as_tensor(view):
     """A safecuda view (or buffer) as a torch tensor of the same memory (no copy), ordered
-    after safecuda's pending work on it on torch's current stream (torch.from_dlpack)."""
+    after safecuda's pending work on it on torch's current stream (torch.from_dlpack). An
+    fp8 view gives a torch.float8_e4m3fn / torch.float8_e5m2 tensor (its bits cross as
+    uint8)."""
+    if view.dtype in _FP8:
+        raw = torch.utils.dlpack.from_dlpack(_Fp8AsBytes(view))
+        return raw.view(torch_dtype(view.dtype))
     return torch.utils.dlpack.from_dlpack(view)
 
 

@@ -26,7 +26,7 @@ api.PyCapsule_SetName.restype = ctypes.c_int
 api.PyCapsule_SetName.argtypes = [py_object, ctypes.c_char_p]
 
 kDLCPU, kDLCUDA, kDLCUDAManaged = 1, 2, 13
-kDLInt, kDLFloat, kDLBfloat, kDLBool = 0, 2, 4, 6
+kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool = 0, 1, 2, 4, 6
 
 
 @pytest.fixture
@@ -170,6 +170,28 @@ def test_dtype_refused(ctx):
     with pytest.raises(sc.SafecudaError, match="lanes"):
         sc.Buffer.from_dlpack(t2.capsule(), context=ctx)
     assert t.calls == 0 and t2.calls == 0
+    owner.close()
+
+
+def test_dtype_taken_as_another_of_its_width(ctx):
+    owner, ptr = device_memory(ctx)
+    t = HandMade(ptr, (4, 16), code=kDLUInt, bits=8)
+    b = sc.Buffer.from_dlpack(t.capsule(), context=ctx, dtype="f8e5m2")
+    assert b.dtype is sc.DType.F8E5M2 and b.shape == (4, 16) and b.device_ptr == ptr
+    assert bytes(b.to_host().cast("B")) == bytes(owner.to_host().cast("B"))[:64]
+    b.close()
+    assert t.calls == 1
+    # Refused by the library (a CPU tensor): the producer's tensor keeps its own dtype.
+    cpu = HandMade(ptr, (64,), code=kDLUInt, bits=8, device=(kDLCPU, 0))
+    with pytest.raises(sc.InvalidArgumentError, match="kDLCPU"):
+        sc.Buffer.from_dlpack(cpu.capsule(), context=ctx, dtype="f8e4m3")
+    dt = cpu.m.dl_tensor.dtype
+    assert (dt.code, dt.bits, dt.lanes) == (kDLUInt, 8, 1) and cpu.calls == 0
+    # Another width: refused before the library sees it.
+    wide = HandMade(ptr, (16,), code=kDLUInt, bits=16)
+    with pytest.raises(sc.TypeMismatchError, match="16 bits x 1 lanes"):
+        sc.Buffer.from_dlpack(wide.capsule(), context=ctx, dtype="f8e4m3")
+    assert wide.calls == 0
     owner.close()
 
 

@@ -59,6 +59,24 @@ def test_dlpack_between_buffers_on_the_gpu(ctx):
     s.close()
 
 
+def test_fp8_buffers_on_the_gpu(ctx):
+    rng = random.Random()
+    data = bytes(rng.getrandbits(8) for _ in range(100_003))
+    for d in ("f8e4m3", "f8e5m2"):
+        a = ctx.from_host(data, dtype=d, label="a")
+        b = ctx.buffer(len(data), d, label="b")
+        b.fill(b"\x7f")  # poison: NaN in both formats
+        b.view(1, len(data) - 3).copy_from(a.view(2, len(data) - 3))
+        got = bytes(b.to_host())
+        assert got[0] == 0x7F and got[1:-2] == data[2:-1] and got[-2:] == b"\x7f\x7f"
+        b.view(10, 20).fill(2.0)
+        assert b.view(9, 22).tolist()[1:21] == [2.0] * 20
+        imp = sc.Buffer.from_dlpack(b.view(10, 20), context=ctx)
+        assert imp.dtype is sc.as_dtype(d) and imp.tolist() == [2.0] * 20
+        for o in (imp, a, b):
+            o.close()
+
+
 def test_readme_python_example(gpu, nvrtc):
     """The README's first Python example ("From Python and PyTorch"), run verbatim."""
     import os

@@ -71,6 +71,44 @@ def test_buffer_to_torch_is_zero_copy(torch):
     del t
 
 
+def test_fp8_tensors_both_ways(torch, sct):
+    """torch.float8_e4m3fn / float8_e5m2 <-> f8e4m3 / f8e5m2 without a copy, the bits
+    unchanged; torch's fp8 values agree with safecuda's decoding and its rounding."""
+    import random
+    from safecuda._dtype import float_to_fp8_bits, fp8_bits_to_float
+    ctx = sc.default_context(0)
+    rng = random.Random()
+    for tdt, d in ((torch.float8_e4m3fn, sc.DType.F8E4M3), (torch.float8_e5m2, sc.DType.F8E5M2)):
+        assert sct.torch_dtype(d) == tdt and sc.as_dtype(tdt) is d
+        # torch -> safecuda: safecuda reads and writes torch's fp8 memory.
+        raw = torch.randint(0, 256, (64, 48), dtype=torch.uint8, device="cuda")
+        t = raw.view(tdt)
+        b = sct.as_buffer(t)
+        assert b.dtype is d and b.shape == (64, 48) and b.device_ptr == t.data_ptr()
+        assert list(b.to_host().cast("B")) == raw.cpu().flatten().tolist()
+        b.view(5, 10).fill(-1.5)
+        torch.cuda.synchronize()
+        assert t.flatten()[5:15].float().tolist() == [-1.5] * 10
+        b.close()
+        # safecuda -> torch.
+        data = bytes(rng.getrandbits(8) for _ in range(128))
+        v = ctx.from_host(data, dtype=d, shape=(8, 16), label="fp8 to torch")
+        tt = sct.as_tensor(v)
+        assert tt.dtype == tdt and tuple(tt.shape) == (8, 16) and tt.data_ptr() == v.device_ptr
+        assert bytes(tt.view(torch.uint8).cpu().flatten().tolist()) == data
+        for got, bits_ in zip(tt.float().cpu().flatten().tolist(), data):
+            want = fp8_bits_to_float(bits_, d)
+            assert got == want or (math.isnan(got) and math.isnan(want)), hex(bits_)
+        del tt
+        v.close()
+        # Rounding of float32 values in range (torch does not saturate): the same bits.
+        top = 448.0 if d is sc.DType.F8E4M3 else 57344.0
+        xs = torch.tensor([rng.uniform(-top, top) * 2.0 ** -rng.randint(0, 20)
+                           for _ in range(4096)], dtype=torch.float32)
+        got = xs.to(tdt).view(torch.uint8).tolist()
+        assert got == [float_to_fp8_bits(x, d) for x in xs.tolist()]
+
+
 def test_torch_tensor_deleted_while_safecuda_holds_it(torch):
     t = torch.randn(1 << 20, device="cuda")
     want = t.cpu()

@@ -135,6 +135,69 @@ def test_dtypes():
         assert d.short_name == sc._lib.lib.sc_dtype_name(int(d)).decode()
 
 
+def test_fp8_dtypes():
+    E4, E5 = sc.DType.F8E4M3, sc.DType.F8E5M2
+    assert (int(E4), int(E5)) == (13, 14)
+    for name in ("f8e4m3", "F8E4M3", "float8_e4m3fn", "float8_e4m3", "torch.float8_e4m3fn", 13,
+                 E4):
+        assert sc.as_dtype(name) is E4
+    for name in ("f8e5m2", "float8_e5m2", "torch.float8_e5m2", 14):
+        assert sc.as_dtype(name) is E5
+    for d in (E4, E5):
+        assert d.size == 1 and d.format == "B" and d.kind == "f"
+    assert str(E4) == "f8e4m3" and str(E5) == "f8e5m2"
+    with pytest.raises(ValueError, match="unknown dtype 'float8_e4m3fnuz'"):
+        sc.as_dtype("float8_e4m3fnuz")
+    # Host data of fp8 buffers is raw bits: only 1-byte raw formats go there.
+    from safecuda._dtype import dtype_for_host_format, host_compatible
+    assert host_compatible("B", E4) and host_compatible("b", E5)
+    assert not host_compatible("f", E4) and not host_compatible("e", E5)
+    assert dtype_for_host_format("B") is sc.DType.U8
+
+
+def test_fp8_conversions():
+    import math
+    from safecuda._dtype import float_to_fp8_bits as enc
+    from safecuda._dtype import fp8_bits_to_float as dec
+    E4, E5 = "f8e4m3", "f8e5m2"
+    # Known patterns: 1.0, 2.0, -0.5, the largest finite, the smallest subnormal, NaN, inf.
+    assert (dec(0x38, E4), dec(0x40, E4), dec(0xB0, E4)) == (1.0, 2.0, -0.5)
+    assert (dec(0x3C, E5), dec(0x40, E5), dec(0xB8, E5)) == (1.0, 2.0, -0.5)
+    assert dec(0x7E, E4) == 448.0 and dec(0x7B, E5) == 57344.0
+    assert dec(0x01, E4) == 2.0 ** -9 and dec(0x01, E5) == 2.0 ** -16
+    assert math.isnan(dec(0x7F, E4)) and math.isnan(dec(0xFF, E4))
+    assert dec(0x7C, E5) == math.inf and dec(0xFC, E5) == -math.inf
+    assert math.isnan(dec(0x7D, E5)) and math.isnan(dec(0xFF, E5))
+    assert dec(0x78, E4) == 256.0  # e4m3 has no infinities: S.1111.000 is a number
+    # Every finite pattern round-trips; infinities saturate to the largest finite value.
+    for fmt, top in ((E4, 0x7E), (E5, 0x7B)):
+        for b in range(256):
+            v = dec(b, fmt)
+            if math.isnan(v):
+                continue
+            want = (b & 0x80) | top if math.isinf(v) else b
+            assert enc(v, fmt) == want, (fmt, hex(b))
+    # Round to nearest, ties to even; saturation; signed zero; NaN.
+    assert enc(1.0625, E4) == 0x38  # halfway between 1.0 (even) and 1.125
+    assert enc(1.1875, E4) == 0x3A  # halfway between 1.125 and 1.25 (even)
+    assert enc(1.07, E4) == 0x39
+    assert enc(1.125, E5) == 0x3C and enc(1.375, E5) == 0x3E  # ties to even in e5m2
+    assert enc(2.0 ** -10, E4) == 0x00 and enc(1.5 * 2.0 ** -10, E4) == 0x01
+    assert enc(3 * 2.0 ** -10, E4) == 0x02  # 1.5 subnormal steps: to even
+    assert enc(460.0, E4) == 0x7E and enc(1e9, E4) == 0x7E and enc(-math.inf, E4) == 0xFE
+    assert enc(1e9, E5) == 0x7B and enc(math.inf, E5) == 0x7B
+    assert enc(-0.0, E4) == 0x80 and enc(0.0, E5) == 0x00 and enc(-1e-30, E5) == 0x80
+    assert enc(math.nan, E4) == 0x7F and enc(math.nan, E5) == 0x7F
+    with pytest.raises(ValueError, match="not an fp8 dtype"):
+        enc(1.0, "bf16")
+    from safecuda._dtype import pack_scalar
+    assert pack_scalar(sc.DType.F8E4M3, 1.0) == b"\x38"
+    assert pack_scalar(sc.DType.F8E5M2, -2) == b"\xc0"
+    assert pack_scalar(sc.DType.F8E4M3, b"\xff") == b"\xff"  # raw bits
+    with pytest.raises(ValueError, match="2 bytes for f8e5m2"):
+        pack_scalar(sc.DType.F8E5M2, b"\x00\x01")
+
+
 def test_bf16_rounding():
     from safecuda._dtype import bf16_bits_to_float, float_to_bf16_bits
     assert float_to_bf16_bits(1.0) == 0x3F80

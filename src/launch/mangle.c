@@ -3,7 +3,8 @@
  * Handles: plain, nested (N...E) and std (St) names; function templates (template args
  * I...E, the return type that then precedes the parameters, template parameters T_);
  * substitutions (S_, S<seq>_) with the ABI's candidate rules; builtin types; CV
- * qualifiers; pointers and references; class types by name (__half, __nv_bfloat16). */
+ * qualifiers; pointers and references; class types by name (__half, __nv_bfloat16 and the
+ * fp8 classes of cuda_fp8.h, __nv_fp8_e4m3 and __nv_fp8_e5m2). */
 #include <stdio.h>
 #include <string.h>
 
@@ -318,13 +319,23 @@ static void builtin_info(const node *n, sc_dtype *dtype, const char **text)
     *text = NULL;
 }
 
-/* Element type of a class name: the CUDA half types. */
+/* Element type of a class name: the CUDA 16- and 8-bit float types (cuda_fp16.h,
+ * cuda_bf16.h, cuda_fp8.h). Their vector forms (__half2, __nv_fp8x2_e4m3, ...) and the
+ * other fp8 flavours (__nv_fp8_e8m0) have no sc_dtype. */
 static sc_dtype class_dtype(const node *n)
 {
-    if (n->len == 6 && strncmp(n->s, "__half", 6) == 0)
-        return SC_F16;
-    if (n->len == 13 && strncmp(n->s, "__nv_bfloat16", 13) == 0)
-        return SC_BF16;
+    static const struct {
+        const char *name;
+        sc_dtype dtype;
+    } table[] = {
+        {"__half", SC_F16},
+        {"__nv_bfloat16", SC_BF16},
+        {"__nv_fp8_e4m3", SC_F8E4M3},
+        {"__nv_fp8_e5m2", SC_F8E5M2},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if ((int)strlen(table[i].name) == n->len && strncmp(table[i].name, n->s, n->len) == 0)
+            return table[i].dtype;
     return SC_DTYPE_INVALID;
 }
 

@@ -41,6 +41,27 @@ static const expect cases[] = {
     {"_Z5scaleIfEvPT_S0_i", 3, {"float*", "float", "int"}, {SC_F32, SC_F32, SC_I32}, {P, S, S}},
     {"_ZN2ns5inner2f1EPKfPfi", 3, {"const float*", "float*", "int"}, {SC_F32, SC_F32, SC_I32},
      {P, P, S}},
+    /* cuda_fp8.h's classes: e4m3 and e5m2 are dtypes; by value they are structs (size
+     * checks only); the vector and e8m0 classes have no dtype; __nv_fp8_storage_t is
+     * unsigned char (u8). */
+    {"_Z2k8PK13__nv_fp8_e4m3PS_PK13__nv_fp8_e5m2PS3_j", 5,
+     {"const __nv_fp8_e4m3*", "__nv_fp8_e4m3*", "const __nv_fp8_e5m2*", "__nv_fp8_e5m2*",
+      "unsigned int"},
+     {SC_F8E4M3, SC_F8E4M3, SC_F8E5M2, SC_F8E5M2, SC_U32}, {P, P, P, P, S}},
+    {"_Z1kI13__nv_fp8_e4m3EvPKT_PS1_j", 3,
+     {"const __nv_fp8_e4m3*", "__nv_fp8_e4m3*", "unsigned int"},
+     {SC_F8E4M3, SC_F8E4M3, SC_U32}, {P, P, S}},
+    {"_Z1kI13__nv_fp8_e5m2EvPKT_PS1_j", 3,
+     {"const __nv_fp8_e5m2*", "__nv_fp8_e5m2*", "unsigned int"},
+     {SC_F8E5M2, SC_F8E5M2, SC_U32}, {P, P, S}},
+    {"_Z1qI13__nv_fp8_e4m313__nv_fp8_e5m2EvPKT_PT0_PKfi", 4,
+     {"const __nv_fp8_e4m3*", "__nv_fp8_e5m2*", "const float*", "int"},
+     {SC_F8E4M3, SC_F8E5M2, SC_F32, SC_I32}, {P, P, P, S}},
+    {"_Z2k913__nv_fp8_e4m313__nv_fp8_e5m2Pf", 3, {"__nv_fp8_e4m3", "__nv_fp8_e5m2", "float*"},
+     {SC_DTYPE_INVALID, SC_DTYPE_INVALID, SC_F32}, {O, O, P}},
+    {"_Z2kaPK15__nv_fp8x2_e4m3P13__nv_fp8_e8m0PKh", 3,
+     {"const __nv_fp8x2_e4m3*", "__nv_fp8_e8m0*", "const unsigned char*"},
+     {SC_DTYPE_INVALID, SC_DTYPE_INVALID, SC_U8}, {P, P, P}},
     {"_Z3vvvPvPKvPPf", 3, {"void*", "const void*", "pointer to pointer"},
      {SC_DTYPE_INVALID, SC_DTYPE_INVALID, SC_DTYPE_INVALID}, {P, P, O}},
 };
