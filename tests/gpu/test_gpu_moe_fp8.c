@@ -540,7 +540,7 @@ static void run_case(const model *m, const weights *w, sc_moe layer, sc_moe vlay
         CHECK_OK(sc_graph_instantiate(g, &ge));
         for (int r = 0; r < 3; r++) {
             poison(dout, SC_BF16, 10 + r);
-            CHECK_OK(sc_stream_synchronize(SC_DEFAULT_STREAM));
+            CHECK_OK(sc_context_synchronize(ctx));
             CHECK_OK(sc_graph_launch(s, ge));
             CHECK_OK(sc_stream_synchronize(s));
             download(out2, n * 2, dout);
