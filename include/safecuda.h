@@ -645,6 +645,81 @@ SC_API sc_status sc_program_image(sc_program program, const void **image, uint64
 SC_API sc_status sc_program_lowered_name(sc_program program, const char *name_expression,
                                          const char **lowered);
 
+/* ---- The library's own kernels, compiled ahead of time ---------------------------------
+ * The library's built-in kernels (the MoE layer's and the element-wise ones: the files
+ * under kernels/, embedded at build time) are compiled with NVRTC on first use, through
+ * the disk cache above; the first use on a machine waits for NVRTC (tens of seconds for
+ * the MoE kernels). sc_kernels_precompile compiles every built-in .cu file into the cache
+ * ahead of time, on any machine with NVRTC (no driver or GPU needed), through the function
+ * the library loads them with: the same source, headers, options and architecture, so each
+ * entry's key is the one the library looks up on the device, and its first use there is a
+ * cache hit. The key holds the NVRTC version (major.minor), the image kind and target and
+ * the sources, and nothing of the machine or of the library's build (no paths): a folder
+ * filled on one machine serves another with the same NVRTC version, pointed at it with
+ * SAFECUDA_CACHE_DIR (the command line: safecuda precompile --arch sm_90a --cache-dir DIR).
+ * A device of compute capability 9.0 builds the *_sm90a.cu files for sm_90a and the others
+ * for sm_90; on other architectures the *_sm90a.cu files are never used and are skipped. */
+
+/* One built-in file, as sc_kernels_precompile met it. */
+typedef struct sc_precompile_file {
+    const char *name;      /* its path under kernels/, e.g. "moe/moe.cu" (static) */
+    bool skipped;          /* not used on this architecture (a *_sm90a.cu file elsewhere
+                              than 9.0): nothing built; only arch below is set */
+    bool from_cache;       /* already in the cache: loaded and checked, not compiled */
+    bool is_ptx;           /* the image is PTX (compute_XY), else a cubin (sm_XY) */
+    bool arch_specific;    /* built for sm_XYa (the *_sm90a.cu files) */
+    int arch;              /* the architecture built for (90), or skipped, the one asked */
+    uint64_t image_bytes;
+    double ms;             /* the compile's wall time (or the cache load's) */
+} sc_precompile_file;
+
+typedef struct sc_precompile_desc {
+    int arch;              /* the compute capability of the device that will use the cache,
+                              as 90 for 9.0 (50 .. 1000); 0: the context's device (then ctx
+                              is required). There is no "a" flag: the library itself picks
+                              sm_90a for the *_sm90a.cu files on a 9.0 device */
+    sc_context ctx;        /* optional: its device gives the default arch, and its driver
+                              the image kind (PTX for the test device, SAFECUDA_DEVICE=test,
+                              which loads PTX only; cubins otherwise). Nothing is loaded
+                              into it */
+    const char *cache_dir; /* the folder to fill, created if needed (at most 400
+                              characters); NULL: the library's cache folder
+                              ($SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else
+                              ~/.cache/safecuda). A folder named here is filled even where
+                              SAFECUDA_CACHE=0 */
+    void (*on_file)(const sc_precompile_file *file, void *user); /* optional: called after
+                              each file (compiled, found or skipped), on the calling thread */
+    void *user;
+} sc_precompile_desc;
+
+typedef struct sc_precompile_report {
+    int arch;              /* the architecture the cache is for (90) */
+    bool is_ptx;           /* the images are PTX (a context of the test device) */
+    size_t files;          /* built-in .cu files met (a failed one included) */
+    size_t compiled;       /* compiled by NVRTC and stored */
+    size_t cache_hits;     /* already in the cache */
+    size_t skipped;        /* not used on this architecture */
+    uint64_t bytes;        /* the images' bytes (compiled and found) */
+    double ms;             /* the whole call's wall time */
+    char cache_dir[512];   /* the folder filled */
+    const char *failed_file; /* the file that failed to compile or store (static), or NULL */
+} sc_precompile_report;
+
+/* Compile every built-in kernel file for desc->arch into the disk cache (see above), in
+ * the order of their names; report (may be NULL) says what was done, also on failure (the
+ * files done before it). A file already in the cache is not compiled again, so a second
+ * call is all cache hits. Statuses: SC_ERR_INVALID_ARGUMENT for a NULL desc, an arch
+ * outside 50 .. 1000, arch 0 without a context, a cache_dir that is "" or too long, or no
+ * cache_dir where the cache is off (SAFECUDA_CACHE=0) or has no folder; SC_ERR_NO_COMPILER
+ * when NVRTC can't be loaded (what was tried, in the message); SC_ERR_IO when the folder
+ * can't be created or written, or an entry can't be stored (the folder or entry and the
+ * system's reason); SC_ERR_COMPILE when NVRTC rejects a file: the message names the file
+ * and the target and quotes NVRTC's log (as sc_program_create's), and
+ * report->failed_file names it; SC_ERR_NOT_SUPPORTED when NVRTC knows no architecture up to
+ * arch; a context's statuses (SC_ERR_STALE_HANDLE, ...). */
+SC_API sc_status sc_kernels_precompile(const sc_precompile_desc *desc,
+                                       sc_precompile_report *report);
+
 /* ======================================================================================
  * Modules and kernels
  * ==================================================================================== */

@@ -10,10 +10,14 @@
  *                            -arch sm_90, --gpu-architecture, -Idir, --include-path,
  *                            --define-macro, --output-file); other options go to NVRTC as
  *                            they are. `safecuda compile --help` says more.
+ *   safecuda precompile [--arch TARGET] [--cache-dir DIR]
+ *                            compile the library's built-in kernels into the disk cache
+ *                            ahead of time, as the library compiles them on a device of
+ *                            TARGET (sm_XY, sm_XYa, XY or native); tools/precompile.c
  *   safecuda version
  *
  * Exit status: 0 success, 1 failure (also output that cannot be written), 2 no usable
- * driver or device (or no NVRTC for compile), 64 bad usage. */
+ * driver or device (or no NVRTC for compile and precompile), 64 bad usage. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
@@ -21,10 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "safecuda.h"
-
-#define EXIT_NO_GPU 2
-#define EXIT_USAGE 64
+#include "tool.h"
 
 static void usage(FILE *f)
 {
@@ -39,6 +40,12 @@ static void usage(FILE *f)
             "                  disk cache); print the log and, when a device is present,\n"
             "                  registers and shared memory per kernel\n"
             "                  (safecuda compile --help shows the options)\n"
+            "  precompile [--arch TARGET] [--cache-dir DIR]\n"
+            "                  compile the library's built-in kernels into the disk cache\n"
+            "                  ahead of time, as the library compiles them on a device of\n"
+            "                  TARGET (sm_90a, sm_90, sm_80, ...), so that their first use\n"
+            "                  there never waits for NVRTC\n"
+            "                  (safecuda precompile --help shows the options)\n"
             "  version         show safecuda's version\n"
             "  help            show this text\n");
 }
@@ -296,15 +303,7 @@ static char *read_text(const char *path, const char **why)
     return data;
 }
 
-/* --arch's value. */
-typedef struct target {
-    int arch;      /* 90 for sm_90; 0 for native (the device) */
-    bool specific; /* sm_90a */
-    bool ptx;      /* compute_90: PTX */
-} target;
-
-/* sm_XY[a], compute_XY[a], XY[a] or native; XY is two or three digits, 50 or more. */
-static bool parse_target(const char *text, target *t, bool *family)
+bool parse_target(const char *text, target *t, bool *family)
 {
     memset(t, 0, sizeof *t);
     *family = false;
@@ -656,6 +655,8 @@ static int run_command(int argc, char **argv)
         return cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "compile") == 0)
         return cmd_compile(argc - 2, argv + 2);
+    if (strcmp(cmd, "precompile") == 0)
+        return cmd_precompile(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("safecuda %s\n", sc_version_string());
         return 0;

@@ -43,10 +43,13 @@ void sci_cache_entry_free(sci_cache_entry *e)
     memset(e, 0, sizeof *e);
 }
 
-static int mkdir_p(const char *path)
+int sci_cache_mkdir(const char *path)
 {
     char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     for (char *p = tmp + 1; *p; p++) {
         if (*p == '/') {
             *p = '\0';
@@ -57,35 +60,54 @@ static int mkdir_p(const char *path)
     }
     if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
         return -1;
+    /* EEXIST for a file of that name: not a folder. */
+    struct stat st;
+    if (stat(tmp, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
     return 0;
+}
+
+bool sci_cache_dir_configured(char *dir, size_t size)
+{
+    if (size)
+        dir[0] = '\0';
+    const char *off = getenv("SAFECUDA_CACHE");
+    if (off && strcmp(off, "0") == 0)
+        return false;
+    const char *explicit_dir = getenv("SAFECUDA_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (explicit_dir && explicit_dir[0])
+        snprintf(dir, size, "%s", explicit_dir);
+    else if (xdg && xdg[0])
+        snprintf(dir, size, "%s/safecuda", xdg);
+    else if (home && home[0])
+        snprintf(dir, size, "%s/.cache/safecuda", home);
+    else
+        return false;
+    return true;
 }
 
 const char *sci_cache_dir(void)
 {
     static _Thread_local char dir[768];
-    const char *off = getenv("SAFECUDA_CACHE");
-    if (off && strcmp(off, "0") == 0)
-        return "";
-    const char *explicit_dir = getenv("SAFECUDA_CACHE_DIR");
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    if (explicit_dir && explicit_dir[0])
-        snprintf(dir, sizeof dir, "%s", explicit_dir);
-    else if (xdg && xdg[0])
-        snprintf(dir, sizeof dir, "%s/safecuda", xdg);
-    else if (home && home[0])
-        snprintf(dir, sizeof dir, "%s/.cache/safecuda", home);
-    else
-        return "";
-    if (mkdir_p(dir) != 0)
+    if (!sci_cache_dir_configured(dir, sizeof dir) || sci_cache_mkdir(dir) != 0)
         return "";
     return dir;
 }
 
 void sci_cache_path(sci_hash key, char *path, size_t size)
 {
-    const char *dir = sci_cache_dir();
-    if (!dir[0]) {
+    sci_cache_path_in(sci_cache_dir(), key, path, size);
+}
+
+void sci_cache_path_in(const char *dir, sci_hash key, char *path, size_t size)
+{
+    if (!dir || !dir[0]) {
         if (size)
             path[0] = '\0';
         return;
@@ -238,14 +260,23 @@ bool sci_cache_store(const char *path, sci_hash key, const sci_cache_entry *e)
              (unsigned long)(ts.tv_nsec ^ (long)(uintptr_t)&ts));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
     bool ok = false;
+    int err = errno;
     if (fd >= 0) {
         ok = write_all(fd, data, size) && fsync(fd) == 0;
-        ok = (close(fd) == 0) && ok;
-        if (ok)
-            ok = rename(tmp, path) == 0;
+        err = errno;
+        if (close(fd) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
+        if (ok && rename(tmp, path) != 0) {
+            ok = false;
+            err = errno;
+        }
         if (!ok)
             unlink(tmp);
     }
     free(data);
+    if (!ok)
+        errno = err ? err : EIO;
     return ok;
 }

@@ -25,13 +25,23 @@ void sci_cache_entry_free(sci_cache_entry *e);
 /* The cache folder ("" when the cache is off: SAFECUDA_CACHE=0 or no usable folder). */
 const char *sci_cache_dir(void);
 
-/* The entry's file for a key. */
+/* The folder the environment names (SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda,
+ * else ~/.cache/safecuda) into dir, without creating it; false (dir "") when the cache is
+ * off (SAFECUDA_CACHE=0) or none of those variables is set. */
+bool sci_cache_dir_configured(char *dir, size_t size);
+
+/* Create the folder and its parents (mkdir -p); -1 with errno on failure, ENOTDIR when
+ * the path is a file. */
+int sci_cache_mkdir(const char *path);
+
+/* The entry's file for a key, in the cache folder or in dir ("" when dir is ""). */
 void sci_cache_path(sci_hash key, char *path, size_t size);
+void sci_cache_path_in(const char *dir, sci_hash key, char *path, size_t size);
 
 /* Load the entry; false on a miss (absent, corrupt, truncated or foreign). */
 bool sci_cache_load(const char *path, sci_hash key, sci_cache_entry *out);
 
-/* Store the entry (best effort: false if it could not be written). */
+/* Store the entry (best effort: false, with errno, if it could not be written). */
 bool sci_cache_store(const char *path, sci_hash key, const sci_cache_entry *e);
 
 #endif

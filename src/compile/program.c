@@ -1,5 +1,6 @@
 /* NVRTC programs: options, compilation, the log, the disk cache. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,7 +198,17 @@ static void program_free(sci_program *p)
 sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_program *program,
                                const char *file, int line)
 {
-    static const char fn[] = "sc_program_create";
+    return sci_program_create(ctx, desc, NULL, program, file, line);
+}
+
+sc_status sci_program_create(sc_context ctx, const sc_program_desc *desc,
+                             const sci_program_how *how, sc_program *program, const char *file,
+                             int line)
+{
+    static const sci_program_how defaults = {0};
+    if (!how)
+        how = &defaults;
+    const char *fn = how->fn ? how->fn : "sc_program_create";
     SCI_CHECK_PTR(fn, program);
     program->id = 0;
     SCI_CHECK_PTR(fn, desc);
@@ -318,7 +329,9 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
 
     double t0 = now_ms();
     bool use_cache = !desc->no_cache;
-    if (use_cache)
+    if (use_cache && how->cache_dir)
+        sci_cache_path_in(how->cache_dir, key, p->cache_path, sizeof p->cache_path);
+    else if (use_cache)
         sci_cache_path(key, p->cache_path, sizeof p->cache_path);
     if (use_cache && p->cache_path[0] && sci_cache_load(p->cache_path, key, &p->out) &&
         p->out.is_ptx == want_ptx) {
@@ -341,8 +354,13 @@ sc_status sc_program_create_at(sc_context ctx, const sc_program_desc *desc, sc_p
                 }
             }
         }
-        if (use_cache && p->cache_path[0])
-            sci_cache_store(p->cache_path, key, &p->out);
+        if (use_cache && p->cache_path[0] && !sci_cache_store(p->cache_path, key, &p->out) &&
+            how->must_store) {
+            s = sci_fail(SC_ERR_IO, fn, "'%s' compiled for %s, but its cache entry %s could "
+                         "not be written: %s", name, arch_text, p->cache_path, strerror(errno));
+            program_free(p);
+            goto fail_ctx;
+        }
     }
     p->compile_ms = now_ms() - t0;
     s = sci_registry_insert(&p->obj, SCI_KIND_PROGRAM, c ? c->obj.id : 0, name, file, line, fn);

@@ -17,6 +17,19 @@ typedef struct sci_program {
     sci_cache_entry out; /* image and lowered names */
 } sci_program;
 
+/* How the library itself creates a program; all zero (or NULL) is sc_program_create. */
+typedef struct sci_program_how {
+    const char *fn;        /* the function its messages name (NULL: "sc_program_create") */
+    const char *cache_dir; /* the cache folder, made by the caller (NULL: the library's) */
+    bool must_store;       /* an entry that can't be written is SC_ERR_IO, not a best-effort
+                              write */
+} sci_program_how;
+
+/* sc_program_create_at, as how says. */
+sc_status sci_program_create(sc_context ctx, const sc_program_desc *desc,
+                             const sci_program_how *how, sc_program *program, const char *file,
+                             int line);
+
 sc_status sci_program_acquire(sc_program h, const char *fn, sci_program **out);
 void sci_program_release(sci_program *p);
 

@@ -42,50 +42,70 @@ static void prune(void)
     n_table = k;
 }
 
-/* Every embedded header (.cuh), named by its path under kernels/ ("moe/moe_config.cuh"). */
-static size_t builtin_headers(sc_program_header *out, size_t cap)
+/* Every header (.cuh) of the table, named by its path under kernels/
+ * ("moe/moe_config.cuh"). */
+static size_t builtin_headers(const sci_builtin_source *files, size_t count,
+                              sc_program_header *out, size_t cap)
 {
     size_t n = 0;
-    for (size_t i = 0; i < sci_builtin_count && n < cap; i++) {
-        size_t len = strlen(sci_builtin_sources[i].name);
-        if (len > 4 && strcmp(sci_builtin_sources[i].name + len - 4, ".cuh") == 0)
-            out[n++] = (sc_program_header){sci_builtin_sources[i].name,
-                                           sci_builtin_sources[i].source};
+    for (size_t i = 0; i < count && n < cap; i++) {
+        size_t len = strlen(files[i].name);
+        if (len > 4 && strcmp(files[i].name + len - 4, ".cuh") == 0)
+            out[n++] = (sc_program_header){files[i].name, files[i].source};
     }
     return n;
 }
 
-sc_status sci_builtin_program(sc_context ctx, const char *file, int arch, sc_program *out)
+bool sci_builtin_is_sm90a(const char *file)
 {
-    const char *source = sci_builtin_find(file);
+    const size_t len = strlen(file), suffix = strlen("_sm90a.cu");
+    return len > suffix && strcmp(file + len - suffix, "_sm90a.cu") == 0;
+}
+
+sc_status sci_builtin_compile(const sci_builtin_source *files, size_t count, sc_context ctx,
+                              const char *file, const sci_builtin_how *how, sc_program *out)
+{
+    const char *fn = how->program.fn ? how->program.fn : "sci_builtin_program";
+    const char *source = NULL;
+    for (size_t i = 0; i < count && !source; i++)
+        if (strcmp(files[i].name, file) == 0)
+            source = files[i].source;
     if (!source)
-        return sci_fail(SC_ERR_INTERNAL, "sci_builtin_program", "no built-in file '%s'", file);
+        return sci_fail(SC_ERR_INTERNAL, fn, "no built-in file '%s'", file);
     /* Files named *_sm90a.cu use the architecture-specific instructions of sm_90a (wgmma,
      * setmaxnreg): compiled for exactly that, and refused for anything else. */
-    const size_t len = strlen(file), suffix = strlen("_sm90a.cu");
-    const bool sm90a = len > suffix && strcmp(file + len - suffix, "_sm90a.cu") == 0;
+    const bool sm90a = sci_builtin_is_sm90a(file);
     if (sm90a) {
-        int target = arch;
+        int target = how->arch;
         if (!target && ctx.id) {
             sci_context *c = NULL;
-            sc_status s = sci_context_acquire(ctx, "sci_builtin_program", &c);
+            sc_status s = sci_context_acquire(ctx, fn, &c);
             if (s != SC_OK)
                 return s;
             target = c->props.cc_major * 10 + c->props.cc_minor;
             sci_context_release(c);
         }
         if (target != 90)
-            return sci_fail(SC_ERR_NOT_SUPPORTED, "sci_builtin_program",
+            return sci_fail(SC_ERR_NOT_SUPPORTED, fn,
                             "'%s' is for sm_90a (compute capability 9.0) only, not sm_%d", file,
                             target);
     }
+    /* Everything here goes into the program's cache key: sc_kernels_precompile fills the
+     * cache through this same function, so the keys agree by construction. */
     sc_program_header headers[32];
-    size_t n = builtin_headers(headers, 32);
-    return sc_program_create_at(ctx,
-                                &(sc_program_desc){.source = source, .name = file,
-                                                   .headers = headers, .n_headers = n,
-                                                   .arch = arch, .arch_specific = sm90a},
-                                out, __FILE__, __LINE__);
+    size_t n = builtin_headers(files, count, headers, 32);
+    return sci_program_create(ctx,
+                              &(sc_program_desc){.source = source, .name = file,
+                                                 .headers = headers, .n_headers = n,
+                                                 .arch = how->arch, .arch_specific = sm90a,
+                                                 .ptx = how->ptx},
+                              &how->program, out, __FILE__, __LINE__);
+}
+
+sc_status sci_builtin_program(sc_context ctx, const char *file, int arch, sc_program *out)
+{
+    return sci_builtin_compile(sci_builtin_sources, sci_builtin_count, ctx, file,
+                               &(sci_builtin_how){.arch = arch}, out);
 }
 
 static sc_status load_module(sci_context *ctx, const char *file, const char *source,

@@ -7,7 +7,10 @@
  * spellings and forms (sm_90a builds the sm_90a MoE kernels, sm_90 refuses them, compute_90
  * writes PTX), -I/-D/-U in their separate and attached forms, options passed on to NVRTC,
  * -o that cannot be written (exit 1, the reason, no partial file), a compile log too long
- * for the error message, a target other than the device's (with the fake driver). */
+ * for the error message, a target other than the device's (with the fake driver).
+ * precompile: --help, every bad usage (64), no device and no --arch (2), NVRTC missing (2),
+ * the cache off (1); with NVRTC a folder that can't be made (1), the built-in kernels for
+ * sm_80 (one line per file, the sm_90a file skipped, the summary), then all from the cache. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <signal.h>
@@ -251,6 +254,84 @@ static void test_stdout_unwritable(void)
     CHECK_OUT("cannot write the output");
 }
 
+/* safecuda precompile without NVRTC: --help, bad usage (64), no device and no --arch (2),
+ * NVRTC missing (2, also past a device), the cache off and no --cache-dir (1). */
+static void test_precompile_usage(void)
+{
+    static const char *const helps[] = {"--help", "-h", "--arch sm_90 --help"};
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' precompile %s 2>/dev/null", SAFECUDA_CLI, helps[i]), 0);
+        CHECK_OUT("usage: safecuda precompile [--arch TARGET] [--cache-dir DIR]");
+        CHECK_OUT("--cache-dir DIR");
+        CHECK_OUT("sm_XYa       the same as sm_XY");
+        CHECK_OUT("exit status: 0 every file compiled or already cached");
+    }
+    CHECK_RC(runf("'%s' help", SAFECUDA_CLI), 0);
+    CHECK_OUT("precompile [--arch TARGET] [--cache-dir DIR]");
+    CHECK_OUT("safecuda precompile --help");
+
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--arch", "safecuda precompile: --arch needs a value, e.g. --arch sm_90a"},
+        {"--arch=", "safecuda precompile: --arch needs a value, e.g. --arch sm_90a"},
+        {"--arch --cache-dir d", "safecuda precompile: --arch needs a value"},
+        {"--cache-dir", "safecuda precompile: --cache-dir needs a value, e.g. --cache-dir "},
+        {"--arch sm_90 --cache-dir=", "safecuda precompile: --cache-dir needs a value"},
+        {"--arch sm_9", "safecuda precompile: bad --arch 'sm_9': write sm_XY, sm_XYa, XY or "
+                        "native, the device's architecture (e.g. sm_90a, sm_90, sm_80)"},
+        {"--arch sm_9x", "safecuda precompile: bad --arch 'sm_9x'"},
+        {"--arch gfx90a", "safecuda precompile: bad --arch 'gfx90a'"},
+        {"--arch=sm_30", "safecuda precompile: bad --arch 'sm_30'"},
+        {"--arch compute_90", "safecuda precompile: bad --arch 'compute_90'"},
+        {"--arch compute_90", "PTX targets (compute_XY) are not offered"},
+        {"--arch sm_100f", "family-specific targets are not supported"},
+        {"--arch sm_80 --arch sm_90",
+         "safecuda precompile: --arch given twice ('sm_80' and 'sm_90')"},
+        {"--cache-dir a --cache-dir=b",
+         "safecuda precompile: --cache-dir given twice ('a' and 'b')"},
+        {"--bogus", "safecuda precompile: unknown argument '--bogus' (safecuda precompile "
+                    "--help shows the options)"},
+        {"--arch sm_90 kernels", "safecuda precompile: unknown argument 'kernels'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = runf(ENV "'%s' precompile %s 2>&1", SAFECUDA_CLI, bad[i].args);
+        if (rc != 64 || !strstr(out, bad[i].says)) {
+            fprintf(stderr, "precompile %s: exit %d (want 64), output:\n%s\nwanted: %s\n",
+                    bad[i].args, rc, out, bad[i].says);
+            test_failures++;
+        }
+    }
+    /* No device (no driver here) and no --arch, or native: exit 2 with the reason. */
+    static const char *const no_arch[] = {"", "--arch native", "--cache-dir x"};
+    for (size_t i = 0; i < sizeof no_arch / sizeof no_arch[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' precompile %s 2>&1", SAFECUDA_CLI, no_arch[i]), 2);
+        CHECK_OUT("safecuda precompile: no CUDA device here (");
+        CHECK_OUT("cannot load the CUDA driver library");
+        CHECK_OUT("): name the target with --arch (e.g. --arch sm_90a)");
+    }
+    /* The cache off and no --cache-dir: nothing to fill (said before NVRTC is needed). */
+    CHECK_RC(runf(ENV "'%s' precompile --arch sm_90 2>&1", SAFECUDA_CLI), 1);
+    CHECK_OUT("sc_kernels_precompile: desc->cache_dir is NULL and the disk cache is off "
+              "(SAFECUDA_CACHE=0): name the folder in desc->cache_dir");
+    /* NVRTC missing: exit 2 and what was tried; nothing made. With the test device and no
+     * --arch too (past the device: its context is made, then NVRTC is missing). */
+    CHECK_RC(runf(ENV "SAFECUDA_NVRTC=/nonexistent/libnvrtc.so '%s' precompile --arch sm_90 "
+                      "--cache-dir '%s/no-nvrtc' 2>&1",
+                  SAFECUDA_CLI, dir),
+             2);
+    CHECK_OUT("sc_kernels_precompile: cannot load NVRTC from SAFECUDA_NVRTC=/nonexistent/"
+              "libnvrtc.so");
+    CHECK(!exists("no-nvrtc"));
+    CHECK_RC(runf("SAFECUDA_LIBCUDA='" SAFECUDA_TESTDEVICE_LIB "' SAFECUDA_CACHE=0 "
+                  "SAFECUDA_NVRTC=/nonexistent/libnvrtc.so '%s' precompile --cache-dir "
+                  "'%s/no-nvrtc' 2>&1",
+                  SAFECUDA_CLI, dir),
+             2);
+    CHECK_OUT("sc_kernels_precompile: cannot load NVRTC from SAFECUDA_NVRTC=");
+    CHECK_NOT_OUT("no CUDA device here");
+}
+
 /* ---- with NVRTC ------------------------------------------------------------------------- */
 
 static void test_info_nvrtc(const char *version)
@@ -419,6 +500,53 @@ static void test_unwritable_output(void)
     CHECK(!exists("cut.cubin"));
 }
 
+/* safecuda precompile with NVRTC: a folder that can't be made (1); the built-in kernels
+ * for sm_80 (the sm_90a file skipped), one line per file and the summary, then the same
+ * again from SAFECUDA_CACHE_DIR (no --cache-dir; sm_80a spelled): all from the cache. */
+static void test_precompile(void)
+{
+    write_file("a-file", "not a folder\n");
+    CHECK_RC(runf(ENV "'%s' precompile --arch sm_80 --cache-dir '%s/a-file/kc' 2>&1",
+                  SAFECUDA_CLI, dir),
+             1);
+    CHECK_OUT("sc_kernels_precompile: cannot create the cache folder '");
+    CHECK_OUT("a-file/kc': Not a directory");
+
+    CHECK_RC(runf(ENV "'%s' precompile --arch sm_80 --cache-dir '%s/kc' 2>&1", SAFECUDA_CLI,
+                  dir),
+             0);
+    CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
+    CHECK_OUT(" bytes, compiled in ");
+    CHECK_OUT("moe/moe_sm90a.cu: skipped (for sm_90a only: the library does not use it on "
+              "sm_80)\n");
+    CHECK_OUT("util/elementwise.cu: cubin for sm_80, ");
+    char summary[512];
+    snprintf(summary, sizeof summary,
+             "precompile: 3 files for sm_80 into %s/kc: 2 compiled, 0 from the cache, 1 "
+             "skipped; ",
+             dir);
+    CHECK_OUT(summary);
+    /* One line per file, in order, then the summary. */
+    const char *a = strstr(out, "moe/moe.cu:"), *b = strstr(out, "moe/moe_sm90a.cu:");
+    const char *c = strstr(out, "util/elementwise.cu:"), *d = strstr(out, "precompile: 3");
+    CHECK(a && b && c && d && a < b && b < c && c < d);
+    char kc[300];
+    snprintf(kc, sizeof kc, "%s/kc", dir);
+    CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
+    CHECK(atoi(out) == 2);
+
+    CHECK_RC(runf("SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE_DIR='%s' '%s' "
+                  "precompile --arch=sm_80a 2>&1",
+                  kc, SAFECUDA_CLI),
+             0);
+    CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
+    CHECK_OUT(" bytes, from the cache in ");
+    CHECK_NOT_OUT("compiled in");
+    CHECK_OUT(": 0 compiled, 2 from the cache, 1 skipped; ");
+    CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
+    CHECK(atoi(out) == 2);
+}
+
 static void test_with_a_device(void)
 {
     /* The test device (host bookkeeping only, no GPU claim: it reports one sm_90 device and
@@ -463,6 +591,7 @@ int main(void)
     test_usage();
     test_unreadable_input();
     test_stdout_unwritable();
+    test_precompile_usage();
 
     int major = 0, minor = 0;
     if (sc_compiler_version(&major, &minor) != SC_OK) {
@@ -477,6 +606,7 @@ int main(void)
         test_unwritable_output();
         test_huge_log();
         test_with_a_device();
+        test_precompile();
     }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
