@@ -876,6 +876,16 @@ static inline sc_arg sc_arg_bytes(const void *p, size_t size) { sc_arg a = {SC_A
  *     64B, 128B), as CUTLASS's Swizzle<1|2|3, 4, 3>;
  *   - the device address inside the map is otherwise unchecked: a copy is bounded by the
  *     array's shape, so the shape is what keeps it inside the view.
+ *
+ * Example: boxes of 64 x 8 x 2 from bf16 x[4][16][64] whose rows are padded to 80 elements
+ * (so the view holds 3 x 1280 + 15 x 80 + 64 elements or more):
+ *     sc_tensor_map m;
+ *     sc_tensor_map_encode(view, &(sc_tensor_map_desc){.rank = 3, .dims = {64, 16, 4},
+ *                          .strides = {1, 80, 0}, .box = {64, 8, 2},
+ *                          .swizzle = SC_SWIZZLE_128B}, &m);
+ * then, in the kernel, `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::
+ * complete_tx::bytes [smem], [map, {x, y, z}], [bar]` with x a multiple of 8 (16 bytes of
+ * bf16), smem 1024-byte aligned, and the barrier expecting 64 x 8 x 2 x 2 = 2048 bytes.
  * ==================================================================================== */
 
 #define SC_TENSOR_MAP_MAX_RANK 5

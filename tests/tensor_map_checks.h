@@ -207,8 +207,8 @@ static void tensor_map_desc_checks(sc_context ctx)
                  .dims = {1024}, .box = {64});
     TMAP_ENCODES(tmap_checks_view_(bf, 8, 1024), .rank = 1, .dims = {1024}, .box = {64});
 
-    /* At the limits: box 256, element stride 8, a stride of 2^40 - 16 bytes, L2 promotion
-     * and the fills, every swizzle at its span, every rank, every dtype. */
+    /* At the limits: box 256, element stride 8, a stride of 2^40 - 16 bytes, 128 bytes at
+     * the 128-byte swizzle, L2 promotion and the fills, every rank, every dtype. */
     TMAP_ENCODES(u8, .rank = 2, .dims = {256, 16}, .box = {256, 16},
                  .element_strides = {1, 8}, .l2_promotion = SC_L2_PROMOTION_NONE);
     TMAP_ENCODES(u8, .rank = 2, .dims = {16, 1}, .strides = {1, (1ull << 40) - 16},
@@ -217,8 +217,8 @@ static void tensor_map_desc_checks(sc_context ctx)
                  .oob_fill = SC_OOB_FILL_NAN, .l2_promotion = SC_L2_PROMOTION_128B);
     TMAP_ENCODES(b16, .rank = 2, .dims = {64, 64}, .box = {32, 64}, .swizzle = SC_SWIZZLE_64B,
                  .oob_fill = SC_OOB_FILL_NAN, .l2_promotion = SC_L2_PROMOTION_256B);
-    TMAP_ENCODES(f8, .rank = 5, .dims = {16, 4, 4, 4, 4}, .box = {128, 2, 2, 2, 2},
-                 .swizzle = SC_SWIZZLE_128B, .element_strides = {1, 2, 3, 4, 8});
+    TMAP_ENCODES(f8, .rank = 5, .dims = {128, 2, 2, 2, 4}, .box = {128, 2, 2, 2, 4},
+                 .swizzle = SC_SWIZZLE_128B, .element_strides = {1, 2, 1, 2, 4});
     TMAP_ENCODES(f, .rank = 4, .dims = {4, 4, 4, 4}, .strides = {0, 8, 64, 256},
                  .box = {4, 4, 4, 4});
     for (int d = SC_DTYPE_INVALID + 1; d < SC_DTYPE_COUNT; d++) {

@@ -8,11 +8,17 @@
  *     (fp8 and the 1-byte integers as UINT8);
  *   - every refusal (tests/tensor_map_checks.h, which the GPU test runs too), none of which
  *     reaches the driver (the test device counts no misuse);
+ *   - random descs (values at and past every limit, huge ones, random views and dtypes):
+ *     each is encoded or refused with a message, and whatever the library accepts the test
+ *     device's driver checks accept too, describing bytes inside the view;
  *   - launches: an N-D map is checked and tracked like its view (alive, at the address it
- *     was encoded for, stale after its buffer's destroy).
+ *     was encoded for, stale after its buffer's destroy);
+ *   - the GPU test's kernel (tests/gpu/tensor_map_nd_kernels.h) compiles with NVRTC for
+ *     sm_80, sm_90 and sm_90a (compile-only; skipped without NVRTC).
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU
  * (tests/gpu/test_gpu_tensor_map_nd.c runs the copies). */
+#include "../gpu/tensor_map_nd_kernels.h"
 #include "../tensor_map_checks.h"
 #include "../test.h"
 #include "fake_control.h"
@@ -252,6 +258,169 @@ static void test_launch(void)
     CHECK_OK(sc_buffer_destroy(out));
 }
 
+/* A value from a list of interesting ones. */
+#define PICK(rng, list) ((list)[test_rand(rng) % (sizeof(list) / sizeof((list)[0]))])
+
+/* A random valid general-form desc for a dtype of es bytes, and the elements its array spans
+ * (the last element's index + 1). */
+static uint64_t random_valid(uint64_t *rng, uint64_t es, bool is_float, sc_tensor_map_desc *d)
+{
+    static const uint32_t span[] = {0, 32, 64, 128};
+    memset(d, 0, sizeof *d);
+    d->rank = 1 + (uint32_t)(test_rand(rng) % 5);
+    d->swizzle = (sc_tensor_swizzle)(test_rand(rng) % 4);
+    d->oob_fill = is_float ? (sc_tensor_oob_fill)(test_rand(rng) % 2) : SC_OOB_FILL_ZERO;
+    d->l2_promotion = (sc_tensor_l2_promotion)(test_rand(rng) % 5);
+    const uint64_t q = 16 / es; /* elements per 16 bytes */
+    uint64_t s = 1, last = 0;
+    for (uint32_t i = 0; i < d->rank; i++) {
+        d->dims[i] = 1 + test_rand(rng) % (i == 0 ? 64 : 4);
+        if (i > 0) {
+            const uint64_t prev = d->dims[i - 1] * s;
+            const uint64_t padded = (prev + q - 1) / q * q + q * (test_rand(rng) % 3);
+            const bool packed_ok = (prev * es) % 16 == 0;
+            s = packed_ok && test_rand(rng) % 2 ? prev : padded;
+            d->strides[i] = s == prev && packed_ok && test_rand(rng) % 2 ? 0 : s;
+        } else {
+            d->strides[0] = test_rand(rng) % 2;
+        }
+        last += (d->dims[i] - 1) * s;
+        const uint64_t max_rows = d->swizzle ? span[d->swizzle] / 16 : 8;
+        d->box[i] = i == 0 ? (uint32_t)(q * (1 + test_rand(rng) % max_rows))
+                           : 1 + (uint32_t)(test_rand(rng) % 8);
+        d->element_strides[i] = i == 0 ? (uint32_t)(test_rand(rng) % 2)
+                                       : (uint32_t)(test_rand(rng) % 9);
+    }
+    return last + 1;
+}
+
+/* Random descs, valid and then one field changed to a value at or past a limit (or a huge
+ * one), on random views: a valid desc is encoded; a changed one is encoded or refused with a
+ * message; whatever is encoded, the test device's driver checks accept (no misuse) and it
+ * describes bytes inside the view. */
+static void test_random_descs(void)
+{
+    static const uint64_t dims[] = {0, 1, 2, 17, 255, 256, 4096, 0xffffffffull, 1ull << 32,
+                                    (1ull << 32) + 1, 1ull << 40, UINT64_MAX};
+    static const uint64_t strides[] = {0, 1, 2, 8, 16, 17, 24, 64, 300, 304, 1ull << 36,
+                                       (1ull << 39) + 8, (1ull << 40) - 16, 1ull << 40,
+                                       UINT64_MAX / 2, UINT64_MAX};
+    static const uint64_t boxes[] = {0, 1, 2, 8, 16, 64, 128, 255, 256, 257, UINT32_MAX};
+    static const uint64_t small[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 255, UINT32_MAX};
+    static const sc_dtype dtypes[] = {SC_U8, SC_F8E4M3, SC_BF16, SC_F16, SC_F32, SC_I32,
+                                      SC_F64, SC_U64};
+    enum { N = 1 << 16 };
+    sc_buffer bufs[8];
+    for (int i = 0; i < 8; i++)
+        bufs[i] = make(dtypes[i], N, "random");
+    uint64_t rng = 0x5eed7e57ull, accepted = 0, refused = 0;
+    const int misuse0 = fake.misuse_count();
+    for (int it = 0; it < 20000; it++) {
+        const int bi = (int)(test_rand(&rng) % 8);
+        const sc_dtype dt = dtypes[bi];
+        const uint64_t es = sc_dtype_size(dt);
+        sc_tensor_map_desc d;
+        const uint64_t need = random_valid(&rng, es, dt == SC_BF16 || dt == SC_F16 ||
+                                                         dt == SC_F32 || dt == SC_F64, &d);
+        uint64_t off = (16 / es) * (test_rand(&rng) % 8), count = need + test_rand(&rng) % 8;
+        REQUIRE(off + count <= N);
+        const bool change = it % 2;
+        if (change) {
+            const uint32_t k = (uint32_t)(test_rand(&rng) % 5);
+            switch (test_rand(&rng) % 12) {
+            case 0: d.rank = (uint32_t)PICK(&rng, small); break;
+            case 1: d.dims[k] = PICK(&rng, dims); break;
+            case 2: case 3: d.strides[k] = PICK(&rng, strides); break;
+            case 4: case 5: d.box[k] = (uint32_t)PICK(&rng, boxes); break;
+            case 6: d.element_strides[k] = (uint32_t)PICK(&rng, small); break;
+            case 7: d.swizzle = (sc_tensor_swizzle)(test_rand(&rng) % 6); break;
+            case 8: d.oob_fill = (sc_tensor_oob_fill)(test_rand(&rng) % 3); break;
+            case 9: d.l2_promotion = (sc_tensor_l2_promotion)(test_rand(&rng) % 7); break;
+            case 10: off += test_rand(&rng) % 3; count = N - off; break;
+            default: count -= test_rand(&rng) % 3; break;
+            }
+        }
+        sc_view v;
+        CHECK_OK(sc_buffer_view(bufs[bi], off, count, &v));
+        sc_tensor_map m;
+        sc_clear_error();
+        const sc_status s = sc_tensor_map_encode(v, &d, &m);
+        if (s != SC_OK) {
+            refused++;
+            if (!change)
+                fprintf(stderr, "a valid desc refused: %s\n", sc_last_error());
+            CHECK(change);
+            CHECK(s == SC_ERR_INVALID_ARGUMENT || s == SC_ERR_OVERFLOW);
+            CHECK(strncmp(sc_last_error(), "sc_tensor_map_encode: ", 22) == 0);
+            continue;
+        }
+        accepted++;
+        fake_tensor_map t;
+        CHECK(fake_tensor_map_decode(m.encoded, &t));
+        uint64_t extent = t.dims[0] * es;
+        for (unsigned i = 1; i < t.rank; i++)
+            extent += (t.dims[i] - 1) * t.strides[i - 1];
+        CHECK(t.address % 16 == 0 && extent <= count * es);
+        CHECK(t.rank == d.rank && t.swizzle == (unsigned)d.swizzle &&
+              t.oob_fill == (unsigned)d.oob_fill);
+        CHECK(t.l2_promotion == (d.l2_promotion == SC_L2_PROMOTION_DEFAULT
+                                     ? 3u
+                                     : (unsigned)d.l2_promotion - 1));
+    }
+    printf("random descs: %llu encoded, %llu refused\n", (unsigned long long)accepted,
+           (unsigned long long)refused);
+    CHECK(accepted > 10000 && refused > 5000);
+    CHECK(fake.misuse_count() == misuse0); /* every accepted desc was valid for the driver */
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(sc_buffer_destroy(bufs[i]));
+}
+
+/* The GPU test's kernel compiles (compile-only programs need NVRTC, no device): the PTX for
+ * sm_90 holds the five copies, cubins for sm_90 and sm_90a, and sm_80 (where it traps). */
+static void test_gpu_kernel_compiles(void)
+{
+    int major = 0, minor = 0;
+    if (sc_compiler_version(&major, &minor) != SC_OK) {
+        printf("NVRTC not found: the GPU test's kernel is not compiled here (%s)\n",
+               sc_last_error());
+        return;
+    }
+    static const struct {
+        int arch;
+        bool specific, ptx;
+    } targets[] = {{90, false, true}, {90, false, false}, {90, true, false}, {80, false, false}};
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        sc_program p = {0};
+        sc_status s = sc_program_create((sc_context){0},
+                                        &(sc_program_desc){.source = tmap_nd_src,
+                                                           .name = "tensor_map_nd.cu",
+                                                           .arch = targets[i].arch,
+                                                           .arch_specific = targets[i].specific,
+                                                           .ptx = targets[i].ptx},
+                                        &p);
+        if (s != SC_OK) {
+            fprintf(stderr, "tensor_map_nd.cu for sm_%d%s: %s: %s\n", targets[i].arch,
+                    targets[i].specific ? "a" : "", sc_status_name(s), sc_last_error());
+            test_failures++;
+            continue;
+        }
+        const void *image = NULL;
+        uint64_t bytes = 0;
+        CHECK_OK(sc_program_image(p, &image, &bytes));
+        CHECK(image != NULL && bytes > 0);
+        if (targets[i].ptx && image) {
+            static const char *const copies[] = {
+                "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                "cp.async.bulk.tensor.2d.", "cp.async.bulk.tensor.3d.",
+                "cp.async.bulk.tensor.4d.", "cp.async.bulk.tensor.5d."};
+            for (int k = 0; k < 5; k++)
+                CHECK(strstr(image, copies[k]) != NULL);
+            CHECK(strstr(image, ".entry tmap_boxes(") != NULL);
+        }
+        CHECK_OK(sc_program_destroy(p));
+    }
+}
+
 int main(void)
 {
     fake_attach();
@@ -262,6 +431,8 @@ int main(void)
     test_dtypes();
     tensor_map_desc_checks(ctx);
     test_launch();
+    test_random_descs();
+    test_gpu_kernel_compiles();
     if (fake.misuse_count() != misuse0) {
         fprintf(stderr, "the test device saw %d misuses (a refusal reached the driver); the "
                         "last: %s\n", fake.misuse_count() - misuse0, fake.last_misuse());
