@@ -7,7 +7,7 @@
  * repeat) with cp.async.bulk.tensor.<rank>d, completing on an mbarrier that expects
  * box_bytes; then the block writes the shared bytes as they lie (swizzled or not) to
  * out[b x box_bytes ..). status[b] = 1 when done, 2 when the barrier did not complete
- * within 2 seconds (a transaction count that does not match the box: the test's error). */
+ * within 10 seconds (a transaction count that does not match the box: the test's error). */
 #ifndef SAFECUDA_TEST_TENSOR_MAP_ND_KERNELS_H
 #define SAFECUDA_TEST_TENSOR_MAP_ND_KERNELS_H
 
@@ -62,7 +62,7 @@ static const char tmap_nd_src[] =
     "        default: TMA_LOAD(5, \"%3, %4, %5, %6, %7\"); break;\n"
     "        }\n"
     "    }\n"
-    "    const unsigned long long deadline = now_ns() + 2000000000ull;\n"
+    "    const unsigned long long deadline = now_ns() + 10000000000ull;\n"
     "    unsigned done = 0;\n"
     "    while (!done) {\n"
     "        asm volatile(\"{\\n.reg .pred p;\\n\"\n"
