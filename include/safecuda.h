@@ -890,31 +890,122 @@ static inline sc_arg sc_arg_bytes(const void *p, size_t size) { sc_arg a = {SC_A
 /* ======================================================================================
  * Tensor maps (sm_90 and newer: the bulk tensor copy engine, TMA)
  *
- * A tensor map describes a view as a row-major rows x cols array and the box (tile) that
- * one cp.async.bulk.tensor copy moves between it and shared memory. Elements outside the
- * array read as zeros. A kernel takes the map as a `const __grid_constant__ CUtensorMap`
- * parameter (128 bytes); pass it with sc_arg_tensor_map_in / _out. The map keeps its view:
- * the launch checks that the view's buffer is alive and still at the address the map was
- * encoded for (a stale map is SC_ERR_STALE_HANDLE, like a stale view), and the declared
- * access orders the launch after conflicting work on other streams, like a view argument.
- * The device address inside the map is otherwise unchecked: the kernel's copies are
- * bounded by the array's shape, not by the view's buffer, so keep rows x cols = the view.
+ * A tensor map describes a view as an array of 1 to 5 dimensions and the box (tile) that
+ * one cp.async.bulk.tensor copy moves between the array and shared memory. A kernel takes
+ * the map as a `const __grid_constant__ CUtensorMap` parameter (128 bytes, 64-byte
+ * aligned; NVRTC has no cuda.h: declare `struct alignas(64) map_t { unsigned long long
+ * v[16]; }`); pass it with sc_arg_tensor_map_in / _out. The map keeps its view: the launch
+ * checks that the view's buffer is alive and still at the address the map was encoded for
+ * (a stale map is SC_ERR_STALE_HANDLE, like a stale view), and the declared access orders
+ * the launch after conflicting work on other streams, like a view argument (the whole
+ * view, whatever part of it the array covers).
+ *
+ * The array is given in one of two forms:
+ *   - the 2-D form (rank 0): rows, cols, row_stride, box_rows, box_cols: a row-major
+ *     rows x cols matrix that is exactly the view ((rows - 1) x row_stride + cols elements);
+ *   - the general form (rank 1 .. 5): dims, strides and box, INNERMOST FIRST, the order
+ *     cuTensorMapEncodeTiled takes them: dims[0] is the contiguous dimension, so a C array
+ *     a[D][H][W] is dims = {W, H, D}. Strides are in ELEMENTS (not bytes as the driver
+ *     takes them): strides[i] elements from one index of dimension i to the next; strides[0]
+ *     is 0 or 1 (the innermost dimension is contiguous); strides[i] = 0 for i >= 1 means
+ *     packed (dims[i - 1] x strides[i - 1]). The view must hold the array: its last element,
+ *     at element sum over i of (dims[i] - 1) x strides[i], must lie inside the view (which
+ *     may be longer: the rest is not described).
+ * The 2-D form is the general form with rank 2, dims {cols, rows}, strides {1, row_stride}
+ * and box {box_cols, box_rows}; the two forms can't be mixed (a desc with rank set and a
+ * 2-D field set, or a general field set with rank 0, is refused). Both take swizzle,
+ * element_strides, oob_fill and l2_promotion; every field past rank must be 0.
+ *
+ * Checked before the driver sees anything (SC_ERR_INVALID_ARGUMENT, the message naming
+ * sc_tensor_map_encode, the field and its dimension index, and the limit):
+ *   rank 0 .. 5; dims[i] 1 .. 2^32; each stride (given or packed) at least the previous
+ *   dimension's extent, dims[i - 1] x strides[i - 1] elements (dimensions never overlap;
+ *   transposed or broadcast layouts are refused), a multiple of 16 bytes and below 2^40
+ *   bytes; box[i] 1 .. 256 (no default); box[0] x element size a multiple of 16 bytes and,
+ *   swizzled, at most the swizzle span (32, 64, 128 bytes); element_strides[i] 0 (= 1) ..
+ *   8, and element_strides[0] only 0 or 1 (the copy engine has no innermost element stride:
+ *   the driver would ignore it); oob_fill SC_OOB_FILL_NAN only for f16, bf16, f32, f64; the
+ *   view large enough (the last element's index computed with overflow checks) and 16-byte
+ *   aligned; enums in range. SC_ERR_NOT_SUPPORTED before sm_90 or without the driver's
+ *   cuTensorMapEncodeTiled (CUDA 12.0+). The 2-D form keeps its own checks (rows x cols
+ *   must be exactly the view, rows and cols below 2^32, a row a multiple of 16 bytes).
+ *
+ * Element types: every sc_dtype. The copy engine moves bits; u8/i8, SC_F8E4M3 and SC_F8E5M2
+ * are copied as CU_TENSOR_MAP_DATA_TYPE_UINT8, i16/u16 as UINT16, the rest as their own.
+ *
+ * What a kernel's copy does, and what the library can't check for it:
+ *   - coordinates are signed 32-bit element indices, innermost first. Along dimension i a
+ *     box at coordinate c covers c, c + e, c + 2e, ... (e = element_strides[i]):
+ *     ceil(box[i] / e) elements. In shared memory the box is dense, innermost first:
+ *     box[0] x ceil(box[1] / e1) x ... elements, which is the transaction byte count an
+ *     mbarrier (complete_tx) must expect;
+ *   - elements at coordinates outside [0, dims[i]) in any dimension (negative ones too)
+ *     are not read: a load fills them with zeros, or with a NaN under SC_OOB_FILL_NAN, and
+ *     a store skips them;
+ *   - THE INNERMOST COORDINATE MUST BE 16-BYTE ALIGNED IN BYTES: c[0] x element size a
+ *     multiple of 16 (negative or not), or the copy engine faults with
+ *     CUDA_ERROR_ILLEGAL_INSTRUCTION (the context is lost). Encoding can't check this: the
+ *     coordinates are the kernel's;
+ *   - the shared-memory side must be 128-byte aligned, and swizzled boxes aligned to the
+ *     pattern's repeat (256, 512, 1024 bytes for 32B, 64B, 128B); the swizzle XORs the
+ *     16-byte chunk index (address bits 4..) with address bits 7.. (1, 2 or 3 bits for 32B,
+ *     64B, 128B), as CUTLASS's Swizzle<1|2|3, 4, 3>;
+ *   - the device address inside the map is otherwise unchecked: a copy is bounded by the
+ *     array's shape, so the shape is what keeps it inside the view.
+ *
+ * Example: boxes of 64 x 8 x 2 from bf16 x[4][16][64] whose rows are padded to 80 elements
+ * (so the view holds 3 x 1280 + 15 x 80 + 64 elements or more):
+ *     sc_tensor_map m;
+ *     sc_tensor_map_encode(view, &(sc_tensor_map_desc){.rank = 3, .dims = {64, 16, 4},
+ *                          .strides = {1, 80, 0}, .box = {64, 8, 2},
+ *                          .swizzle = SC_SWIZZLE_128B}, &m);
+ * then, in the kernel, `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::
+ * complete_tx::bytes [smem], [map, {x, y, z}], [bar]` with x a multiple of 8 (16 bytes of
+ * bf16), smem 1024-byte aligned, and the barrier expecting 64 x 8 x 2 x 2 = 2048 bytes.
  * ==================================================================================== */
+
+#define SC_TENSOR_MAP_MAX_RANK 5
 
 typedef enum sc_tensor_swizzle {
     SC_SWIZZLE_NONE = 0, SC_SWIZZLE_32B, SC_SWIZZLE_64B, SC_SWIZZLE_128B
 } sc_tensor_swizzle;
 
+/* What a load reads for elements outside the array. */
+typedef enum sc_tensor_oob_fill {
+    SC_OOB_FILL_ZERO = 0, /* zeros (bits 0) */
+    SC_OOB_FILL_NAN       /* a NaN (CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA):
+                             f16, bf16, f32, f64 only */
+} sc_tensor_oob_fill;
+
+/* The granularity at which L2 fills requests of the map's copies from memory. */
+typedef enum sc_tensor_l2_promotion {
+    SC_L2_PROMOTION_DEFAULT = 0, /* 256 bytes */
+    SC_L2_PROMOTION_NONE, SC_L2_PROMOTION_64B, SC_L2_PROMOTION_128B, SC_L2_PROMOTION_256B
+} sc_tensor_l2_promotion;
+
 typedef struct sc_tensor_map_desc {
+    /* The 2-D form (rank 0). */
     uint64_t rows, cols;         /* rows x cols = the view's elements; a row is a multiple of
                                     16 bytes and starts 16-byte aligned */
     uint32_t box_rows, box_cols; /* 1 .. 256 each; box_cols x element size a multiple of 16
                                     bytes and at most the swizzle span (32, 64, 128 bytes) */
-    sc_tensor_swizzle swizzle;   /* how the box is laid out in shared memory */
+    sc_tensor_swizzle swizzle;   /* both forms: how the box is laid out in shared memory */
     uint64_t row_stride;         /* elements from one row's start to the next (0: cols), at
                                     least cols, a multiple of 16 bytes; with it, the view
                                     holds (rows - 1) x row_stride + cols elements (a matrix
                                     whose rows are every other row of a larger one, say) */
+    /* The general form (rank 1 .. 5), innermost dimension first; see above. */
+    uint32_t rank;
+    uint64_t dims[SC_TENSOR_MAP_MAX_RANK];    /* elements along each dimension, 1 .. 2^32 */
+    uint64_t strides[SC_TENSOR_MAP_MAX_RANK]; /* ELEMENTS between consecutive indices;
+                                                 [0]: 0 or 1; [i >= 1]: 0 = packed */
+    uint32_t box[SC_TENSOR_MAP_MAX_RANK];     /* the box's extent in elements, 1 .. 256 */
+    /* Both forms. */
+    uint32_t element_strides[SC_TENSOR_MAP_MAX_RANK]; /* the box's step per dimension (0:
+                                                 1), 1 .. 8; [0] only 0 or 1. In the 2-D
+                                                 form [0] is cols', [1] rows' */
+    sc_tensor_oob_fill oob_fill;               /* 0: zeros */
+    sc_tensor_l2_promotion l2_promotion;       /* 0: 256 bytes */
 } sc_tensor_map_desc;
 
 #if defined(__cplusplus)
@@ -926,13 +1017,16 @@ typedef struct sc_tensor_map {
     SC_ALIGN64 unsigned char encoded[128]; /* the CUtensorMap the kernel receives */
     sc_view view;                          /* what it describes */
     uint64_t address;                      /* the device address it was encoded for */
-    sc_tensor_map_desc desc;
+    sc_tensor_map_desc desc;               /* as given */
 } sc_tensor_map;
 
-/* Describe view as desc says. SC_ERR_NOT_SUPPORTED before sm_90 or without driver support
- * (CUDA 12.0+); SC_ERR_INVALID_ARGUMENT for a shape that is not the view's, a row that is
- * not a multiple of 16 bytes or not 16-byte aligned, a box out of range (the message names
- * the field and the limit); the view's statuses. */
+/* Describe view as desc says (see above for the two forms and every check). *map is
+ * zeroed first and written only on success. SC_ERR_NOT_SUPPORTED before sm_90 or without
+ * driver support (CUDA 12.0+); SC_ERR_INVALID_ARGUMENT for a NULL desc or map and every
+ * shape, box, stride, alignment or enum check above (the message names the field, the
+ * dimension index and the limit); SC_ERR_OVERFLOW when the array's extent overflows 64
+ * bits; the view's statuses (SC_ERR_STALE_HANDLE, SC_ERR_OUT_OF_BOUNDS, ...); a driver
+ * refusal as SC_ERR_DRIVER with its name. */
 SC_API sc_status sc_tensor_map_encode(sc_view view, const sc_tensor_map_desc *desc,
                                       sc_tensor_map *map);
 

@@ -56,6 +56,9 @@
  *     (CUDA_ERROR_INVALID_CLUSTER_SIZE). cuOccupancyMaxActiveClusters models clusters placed
  *     inside GPCs, 8 of 16 SMs: 8 x (16 x blocks per SM / cluster size), 0 for a cluster
  *     over the limit. Each of these refusals is misuse (safecuda checks them first);
+ *   - tensor maps (tensor_map.c): cuTensorMapEncodeTiled validated as the CUDA driver
+ *     documents it (every refusal is misuse), the described bytes inside one live device
+ *     allocation, and every argument written into the map's 128 bytes for tests to read;
  *   - stream capture (capture.c), as the CUDA driver documents it. cuStreamBeginCapture
  *     starts a capture sequence (an id unique over the process, its mode, its origin stream,
  *     the thread that began it); while a stream captures, its copies, memsets, launches
@@ -2106,55 +2109,16 @@ static CUresult f_cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t
     return r;
 }
 
-/* A tensor map: validated as the real driver documents it (rank 1..5, 16-byte aligned
- * address and strides, box sides 1..256 with 16-byte box rows, the swizzle span), and the
- * described array must lie inside one live device allocation. The 128 bytes hold the
- * address, rank and dimensions (nothing reads them: the test device runs no kernels). */
+/* Tensor maps: tensor_map.c. */
 static CUresult f_cuTensorMapEncodeTiled(CUtensorMap *map, int dtype, cuuint32_t rank,
                                          void *address, const cuuint64_t *dims,
                                          const cuuint64_t *strides, const cuuint32_t *box,
                                          const cuuint32_t *element_strides, int interleave,
                                          int swizzle, int l2_promotion, int oob_fill)
 {
-    static const char fn[] = "cuTensorMapEncodeTiled";
-    static const unsigned esize[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2};
-    pthread_mutex_lock(&lock);
-    CUresult r = need_init(fn);
-    if (r == CUDA_SUCCESS &&
-        (!map || !dims || !box || !element_strides || (rank > 1 && !strides) || rank < 1 ||
-         rank > 5 || dtype < 0 || dtype > 9 || interleave != 0 || swizzle < 0 || swizzle > 3 ||
-         l2_promotion < 0 || l2_promotion > 4 || oob_fill < 0 || oob_fill > 1 ||
-         ((uintptr_t)address % 16) != 0))
-        r = CUDA_ERROR_INVALID_VALUE;
-    uint64_t extent = 0;
-    if (r == CUDA_SUCCESS) {
-        const uint64_t es = esize[dtype];
-        static const unsigned span[] = {0, 32, 64, 128};
-        for (cuuint32_t i = 0; i < rank && r == CUDA_SUCCESS; i++) {
-            if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 ||
-                element_strides[i] == 0 || element_strides[i] > 8)
-                r = CUDA_ERROR_INVALID_VALUE;
-            if (i > 0 && (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)))
-                r = CUDA_ERROR_INVALID_VALUE;
-        }
-        if (r == CUDA_SUCCESS && ((box[0] * es) % 16 || (swizzle && box[0] * es > span[swizzle])))
-            r = CUDA_ERROR_INVALID_VALUE;
-        if (r == CUDA_SUCCESS) {
-            extent = dims[0] * es;
-            for (cuuint32_t i = 1; i < rank; i++)
-                extent = (dims[i] - 1) * strides[i - 1] + extent;
-            r = device_range((CUdeviceptr)(uintptr_t)address, extent, fn, "tensor");
-        }
-    }
-    if (r == CUDA_SUCCESS) {
-        memset(map, 0, sizeof *map);
-        map->opaque[0] = (uintptr_t)address;
-        map->opaque[1] = rank;
-        for (cuuint32_t i = 0; i < rank; i++)
-            map->opaque[2 + i] = dims[i];
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    return td_cuTensorMapEncodeTiled(map, dtype, rank, address, dims, strides, box,
+                                     element_strides, interleave, swizzle, l2_promotion,
+                                     oob_fill);
 }
 
 /* Resident blocks per SM of a kernel (16 registers a thread, as the attributes say). */

@@ -1,10 +1,12 @@
-/* What the test device's two files share: testdevice.c (devices, memory, streams, events,
- * modules, launches) and capture.c (stream capture, graphs, executable graphs). Not
- * installed and not an API: every name here has hidden visibility (the library is built
- * with C_VISIBILITY_PRESET hidden; only EXPORT'ed names leave it).
+/* What the test device's files share: testdevice.c (devices, memory, streams, events,
+ * modules, launches), capture.c (stream capture, graphs, executable graphs) and
+ * tensor_map.c (cuTensorMapEncodeTiled). Not installed and not an API: every name here has
+ * hidden visibility (the library is built with C_VISIBILITY_PRESET hidden; only EXPORT'ed
+ * names leave it).
  *
  * Locking: one mutex guards all state. Functions marked "lock held" expect the caller to
- * hold it (td_lock / td_unlock); the td_cu* entry points of capture.c take it themselves. */
+ * hold it (td_lock / td_unlock); the td_cu* entry points of capture.c and tensor_map.c take it
+ * themselves. */
 #ifndef SAFECUDA_TESTDEVICE_INTERNAL_H
 #define SAFECUDA_TESTDEVICE_INTERNAL_H
 
@@ -170,5 +172,11 @@ CUresult td_cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long
 CUresult td_cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info);
 CUresult td_cuGraphLaunch(CUgraphExec e, CUstream s);
 CUresult td_cuGraphExecDestroy(CUgraphExec e);
+
+/* ---- tensor_map.c (takes the lock) --------------------------------------------------------- */
+CUresult td_cuTensorMapEncodeTiled(CUtensorMap *map, int dtype, cuuint32_t rank, void *address,
+                                   const cuuint64_t *dims, const cuuint64_t *strides,
+                                   const cuuint32_t *box, const cuuint32_t *element_strides,
+                                   int interleave, int swizzle, int l2_promotion, int oob_fill);
 
 #endif

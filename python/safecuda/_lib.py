@@ -225,6 +225,30 @@ class sc_arg(Structure):
 
 
 SC_ARG_IN, SC_ARG_OUT, SC_ARG_INOUT, SC_ARG_SCALAR, SC_ARG_BYTES = 1, 2, 3, 4, 5
+SC_ARG_TENSOR_MAP_IN, SC_ARG_TENSOR_MAP_OUT = 6, 7
+
+SC_TENSOR_MAP_MAX_RANK = 5
+
+
+class sc_tensor_map_desc(Structure):
+    _fields_ = [("rows", c_uint64), ("cols", c_uint64), ("box_rows", c_uint32),
+                ("box_cols", c_uint32), ("swizzle", c_int), ("row_stride", c_uint64),
+                ("rank", c_uint32), ("dims", c_uint64 * SC_TENSOR_MAP_MAX_RANK),
+                ("strides", c_uint64 * SC_TENSOR_MAP_MAX_RANK),
+                ("box", c_uint32 * SC_TENSOR_MAP_MAX_RANK),
+                ("element_strides", c_uint32 * SC_TENSOR_MAP_MAX_RANK),
+                ("oob_fill", c_int), ("l2_promotion", c_int)]
+
+
+class sc_tensor_map(Structure):
+    """The C struct is 64-byte aligned (encoded is the CUtensorMap a kernel receives) and
+    its size a multiple of 64 (SC_TENSOR_MAP_BYTES): ctypes aligns to 8 at most, so a map
+    must be placed by hand (see _tensor_map.py)."""
+    _fields_ = [("encoded", c_uint8 * 128), ("view", sc_view), ("address", c_uint64),
+                ("desc", sc_tensor_map_desc)]
+
+
+SC_TENSOR_MAP_BYTES = (ctypes.sizeof(sc_tensor_map) + 63) // 64 * 64
 
 
 class sc_moe_desc(Structure):
@@ -411,6 +435,7 @@ SIGNATURES = {
     "sc_kernel_occupancy": (S, [H, c_int, c_uint64, P(c_int)]),
     "sc_launch_config_for": (S, [c_uint64, H, P(sc_launch_desc)]),
     "sc_kernel_launch": (S, [H, H, P(sc_launch_desc), P(sc_arg), c_size_t]),
+    "sc_tensor_map_encode": (S, [sc_view, P(sc_tensor_map_desc), c_void_p]),
     "sc_moe_create_at": (S, [H, P(sc_moe_desc), u64p, *site]),
     "sc_moe_destroy": (S, [H]),
     "sc_moe_forward": (S, [H, H, sc_view, sc_view, P(sc_moe_forward_desc)]),

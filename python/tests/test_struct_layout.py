@@ -28,13 +28,15 @@ STRUCTS = [
     ("sc_moe_desc", "moe.h", _lib.sc_moe_desc),
     ("sc_moe_profile", "moe.h", _lib.sc_moe_profile),
     ("sc_moe_forward_desc", "moe.h", _lib.sc_moe_forward_desc),
+    ("sc_tensor_map_desc", "safecuda.h", _lib.sc_tensor_map_desc),
 ]
 
 # Sizes and alignments of the C types these structs use (LP64; enums are int-sized).
 SCALARS = {"int": (4, 4), "float": (4, 4), "bool": (1, 1), "uint64_t": (8, 8),
            "uint32_t": (4, 4), "int64_t": (8, 8), "double": (8, 8)}
 ENUMS = {"sc_dtype", "sc_moe_scoring", "sc_moe_backend", "sc_moe_activation",
-         "sc_moe_w13_layout"}
+         "sc_moe_w13_layout", "sc_tensor_swizzle", "sc_tensor_oob_fill",
+         "sc_tensor_l2_promotion"}
 HANDLES = {"sc_buffer", "sc_context", "sc_stream", "sc_moe"}  # struct { uint64_t id; }
 
 
@@ -153,6 +155,19 @@ def test_moe_desc_size_as_the_header_declares_it(layouts):
     assert ctypes.sizeof(_lib.sc_moe_forward_desc) == 112
 
 
+def test_tensor_map_desc_as_the_header_declares_it(layouts):
+    # The 2-D fields first (40 bytes, as before the general form), then rank, dims, strides,
+    # box, element strides, the fill and the L2 promotion.
+    size, _, offsets = layouts["sc_tensor_map_desc"]
+    assert size == 176 and offsets["rank"] == 40 and offsets["dims"] == 48
+    assert offsets["l2_promotion"] == 172
+    # sc_tensor_map: 64-byte aligned in C (its encoded bytes are the CUtensorMap), which
+    # ctypes can't say: _tensor_map.py places it by hand; the C size rounds up to 64.
+    m = _lib.sc_tensor_map
+    assert m.encoded.offset == 0 and m.view.offset == 128 and m.address.offset == 152
+    assert m.desc.offset == 160 and _lib.SC_TENSOR_MAP_BYTES == 384
+
+
 def test_layout_compiled_by_a_c_compiler():
     """sizeof and offsetof from a C compiler over the real header (skipped without one)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or \
@@ -164,10 +179,11 @@ def test_layout_compiled_by_a_c_compiler():
             pytest.skip(f"the C headers are not beside the tests ({p})")
     lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "safecuda/moe.h"',
              "int main(void) {"]
-    for struct, _, cls in STRUCTS:
+    for struct, _, cls in STRUCTS + [("sc_tensor_map", "safecuda.h", _lib.sc_tensor_map)]:
         lines.append(f'    printf("{struct} sizeof %zu\\n", sizeof({struct}));')
         for name, _ in cls._fields_:
             lines.append(f'    printf("{struct} {name} %zu\\n", offsetof({struct}, {name}));')
+    lines.append('    printf("sc_tensor_map alignof %zu\\n", _Alignof(sc_tensor_map));')
     lines += ["    return 0;", "}"]
     with tempfile.TemporaryDirectory(prefix="safecuda-layout-") as d:
         src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
@@ -183,6 +199,11 @@ def test_layout_compiled_by_a_c_compiler():
     for line in out.splitlines():
         struct, name, value = line.split()
         got[(struct, name)] = int(value)
+    # sc_tensor_map: the fields where ctypes has them, the size and alignment C's.
+    assert got[("sc_tensor_map", "sizeof")] == _lib.SC_TENSOR_MAP_BYTES
+    assert got[("sc_tensor_map", "alignof")] == 64
+    for name, _ in _lib.sc_tensor_map._fields_:
+        assert getattr(_lib.sc_tensor_map, name).offset == got[("sc_tensor_map", name)]
     for struct, _, cls in STRUCTS:
         assert ctypes.sizeof(cls) == got[(struct, "sizeof")], (
             f"sizeof({struct}): ctypes {ctypes.sizeof(cls)}, C {got[(struct, 'sizeof')]}")

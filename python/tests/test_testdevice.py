@@ -289,3 +289,73 @@ def test_moe_checks_its_weights(ctx):
 def test_struct_bytes_argument():
     a = sc.Bytes(struct.pack("dd", 1.0, 2.0))
     assert a._c.size == 16 and repr(a) == "Bytes(16 bytes)"
+
+
+TMAP_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry boxes(
+    .param .align 64 .b8 boxes_param_0[128],
+    .param .u64 boxes_param_1
+)
+{
+    ret;
+}
+"""
+
+
+def test_tensor_maps(ctx):
+    x = ctx.buffer(4 * 16 * 80, "bf16", label="x")
+    # x[4][16][64] with rows padded to 80: dims innermost first, strides in elements.
+    m = sc.TensorMap(x, dims=(64, 16, 4), box=(64, 8, 2), strides=(1, 80, 0), swizzle=128)
+    assert m.rank == 3 and m.dims == (64, 16, 4) and m.box == (64, 8, 2)
+    assert m.address != 0 and len(m.encoded) == 128 and m.view is x
+    assert "TensorMap dims=(64, 16, 4)" in repr(m)
+    # Every option, rank 5, bytes; a view that starts 16 bytes in.
+    f8 = ctx.buffer(4096, "u8", label="bytes")
+    sc.TensorMap(f8[16:], dims=(64, 2, 2, 2, 2), box=(32, 2, 1, 2, 2),
+                 element_strides=(1, 2, 1, 1, 1), swizzle=32, l2_promotion=64)
+    f = ctx.buffer(1024, "f32", label="f")
+    sc.TensorMap(f, dims=(1000,), box=(16,), oob_fill="nan", l2_promotion="none")
+    # The library's checks, named.
+    with pytest.raises(sc.InvalidArgumentError, match=r"strides\[1\] = 32 elements overlaps"):
+        sc.TensorMap(x, dims=(64, 16), box=(64, 8), strides=(1, 32))
+    with pytest.raises(sc.InvalidArgumentError, match=r"box\[0\] = 128 bf16 is 256 bytes"):
+        sc.TensorMap(x, dims=(128, 8), box=(128, 8), swizzle=128)
+    with pytest.raises(sc.InvalidArgumentError, match="u8 is copied as integer bits"):
+        sc.TensorMap(f8, dims=(64,), box=(16,), oob_fill="nan")
+    # The last element: 63 + 15 x 80 + 3 x 1280 = 5103.
+    with pytest.raises(sc.InvalidArgumentError, match="last element is element 5103 of the "
+                                                      "view, which holds 5103"):
+        sc.TensorMap(x[:5103], dims=(64, 16, 4), box=(64, 8, 2), strides=(1, 80, 0))
+    sc.TensorMap(x[:5104], dims=(64, 16, 4), box=(64, 8, 2), strides=(1, 80, 0))
+    # The package's own: the number of values and their range, the option names.
+    with pytest.raises(ValueError, match="1 .. 5"):
+        sc.TensorMap(x, dims=(2,) * 6, box=(8,) * 6)
+    with pytest.raises(ValueError, match="box has 1 values for 2 dimensions"):
+        sc.TensorMap(x, dims=(64, 16), box=(64,))
+    with pytest.raises(ValueError, match=r"dims\[1\] = -1"):
+        sc.TensorMap(x, dims=(64, -1), box=(64, 8))
+    with pytest.raises(ValueError, match="swizzle=96"):
+        sc.TensorMap(x, dims=(64,), box=(64,), swizzle=96)
+    with pytest.raises(TypeError, match="Buffer or View"):
+        sc.TensorMap("x", dims=(64,), box=(64,))
+    with pytest.raises(TypeError, match="TensorMap"):
+        sc.TensorMapIn(x)
+    # Launches: the map is a 128-byte parameter, checked like its view.
+    mod = ctx.load_module(image=TMAP_PTX)
+    k = mod.kernel("boxes")
+    out = ctx.buffer(64, "u8", label="out")
+    assert repr(sc.TensorMapIn(m)).startswith("TensorMapIn(<safecuda.TensorMap")
+    with pytest.raises(sc.LaunchError, match="argument 0"):
+        k.launch(1, 128, sc.In(x), sc.Out(out))
+    with pytest.raises(sc.NotSupportedError, match="test device"):  # every check passed
+        k.launch(1, 128, sc.TensorMapIn(m), sc.Out(out))
+    with pytest.raises(sc.NotSupportedError, match="test device"):
+        k.launch(1, 128, sc.TensorMapOut(m), sc.Out(out))
+    x.close()
+    with pytest.raises(sc.StaleHandleError):
+        k.launch(1, 128, sc.TensorMapIn(m), sc.Out(out))
+    for o in (f8, f, out, mod):
+        o.close()

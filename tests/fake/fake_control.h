@@ -127,4 +127,38 @@ static inline int fake_counts_diff(fake_counts want, fake_counts got, char *buf,
     return n;
 }
 
+/* A tensor map as the test device encodes it (testdevice/tensor_map.c): the arguments the
+ * library passed to cuTensorMapEncodeTiled. 0 when the bytes are not the test device's
+ * encoding. */
+typedef struct fake_tensor_map {
+    uint64_t address;
+    unsigned rank, dtype, interleave, swizzle, l2_promotion, oob_fill;
+    uint64_t dims[5], strides[4]; /* strides in bytes (globalStrides), rank - 1 of them */
+    unsigned box[5], element_strides[5];
+} fake_tensor_map;
+
+static inline int fake_tensor_map_decode(const unsigned char encoded[128], fake_tensor_map *t)
+{
+    uint64_t o[16];
+    memcpy(o, encoded, sizeof o);
+    memset(t, 0, sizeof *t);
+    if (o[1] >> 56 != 0x7d)
+        return 0;
+    t->address = o[0];
+    t->rank = (unsigned)(o[1] & 0xff);
+    t->dtype = (unsigned)(o[1] >> 8 & 0xff);
+    t->interleave = (unsigned)(o[1] >> 16 & 0xff);
+    t->swizzle = (unsigned)(o[1] >> 24 & 0xff);
+    t->l2_promotion = (unsigned)(o[1] >> 32 & 0xff);
+    t->oob_fill = (unsigned)(o[1] >> 40 & 0xff);
+    for (int i = 0; i < 5; i++) {
+        t->dims[i] = o[2 + i];
+        if (i < 4)
+            t->strides[i] = o[7 + i];
+        t->box[i] = (unsigned)(i < 4 ? o[11] >> (16 * i) & 0xffff : o[12] & 0xffff);
+        t->element_strides[i] = (unsigned)(o[12] >> (16 + 8 * i) & 0xff);
+    }
+    return 1;
+}
+
 #endif

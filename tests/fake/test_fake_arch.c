@@ -50,6 +50,14 @@ int main(int argc, char **argv)
                      SC_ERR_NOT_SUPPORTED);
         CHECK_MSG("sc_tensor_map_encode: tensor maps need sm_90 or newer");
         CHECK_MSG("sm_80");
+        /* The general form too, before any of its own checks. */
+        CHECK_STATUS(sc_tensor_map_encode(sc_view_of(a),
+                                          &(sc_tensor_map_desc){.rank = 3,
+                                                                .dims = {16, 8, 8},
+                                                                .box = {16, 8, 8}},
+                                          &map),
+                     SC_ERR_NOT_SUPPORTED);
+        CHECK_MSG("sc_tensor_map_encode: tensor maps need sm_90 or newer");
         /* programmatic is a request: before sm_90 the launch is a plain one. */
         sc_module m;
         sc_kernel add;

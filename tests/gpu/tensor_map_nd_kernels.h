@@ -1,0 +1,91 @@
+/* The kernel of tests/gpu/test_gpu_tensor_map_nd.c, as source for NVRTC (sm_90+). Kept in
+ * a header of its own so that tests/host/test_compile_host.c compiles it too (for sm_90
+ * and sm_90a) where there is no GPU.
+ *
+ * tmap_boxes: block b copies one box of the tensor map, at the coordinates coords[5b ..
+ * 5b + rank) (innermost first), into shared memory (1024-byte aligned: any swizzle's
+ * repeat) with cp.async.bulk.tensor.<rank>d, completing on an mbarrier that expects
+ * box_bytes; then the block writes the shared bytes as they lie (swizzled or not) to
+ * out[b x box_bytes ..). status[b] = 1 when done, 2 when the barrier did not complete
+ * within 10 seconds (a transaction count that does not match the box: the test's error). */
+#ifndef SAFECUDA_TEST_TENSOR_MAP_ND_KERNELS_H
+#define SAFECUDA_TEST_TENSOR_MAP_ND_KERNELS_H
+
+static const char tmap_nd_src[] =
+    "struct alignas(64) tmap_t { unsigned long long v[16]; };\n"
+    "\n"
+    "__device__ __forceinline__ unsigned smem_u32(const void *p)\n"
+    "{\n"
+    "    return (unsigned)__cvta_generic_to_shared(p);\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ unsigned long long now_ns()\n"
+    "{\n"
+    "    unsigned long long t;\n"
+    "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
+    "    return t;\n"
+    "}\n"
+    "\n"
+    "#define TMA_LOAD(N, ...)                                                  \\\n"
+    "    asm volatile(\"cp.async.bulk.tensor.\" #N \"d.shared::cluster.global.\"   \\\n"
+    "                 \"mbarrier::complete_tx::bytes [%0], [%1, {\" __VA_ARGS__   \\\n"
+    "                 \"}], [%2];\"                                               \\\n"
+    "                 :: \"r\"(dst), \"l\"(map_addr), \"r\"(bar), \"r\"(c[0]),       \\\n"
+    "                 \"r\"(c[1]), \"r\"(c[2]), \"r\"(c[3]), \"r\"(c[4]) : \"memory\")\n"
+    "\n"
+    "extern \"C\" __global__ void __launch_bounds__(128)\n"
+    "tmap_boxes(const __grid_constant__ tmap_t map, int rank, const int *coords,\n"
+    "           unsigned box_bytes, unsigned char *out, int *status)\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    extern __shared__ unsigned char smem_raw[];\n"
+    "    __shared__ alignas(8) unsigned long long barrier_word;\n"
+    "    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);\n"
+    "    const unsigned dst = smem_u32(smem), bar = smem_u32(&barrier_word);\n"
+    "    const unsigned long long map_addr = (unsigned long long)&map;\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\" :: \"r\"(bar) : \"memory\");\n"
+    "        asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
+    "        asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        int c[5];\n"
+    "        for (int i = 0; i < 5; i++)\n"
+    "            c[i] = coords[blockIdx.x * 5 + i];\n"
+    "        asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\"\n"
+    "                     :: \"r\"(bar), \"r\"(box_bytes) : \"memory\");\n"
+    "        switch (rank) {\n"
+    "        case 1: TMA_LOAD(1, \"%3\"); break;\n"
+    "        case 2: TMA_LOAD(2, \"%3, %4\"); break;\n"
+    "        case 3: TMA_LOAD(3, \"%3, %4, %5\"); break;\n"
+    "        case 4: TMA_LOAD(4, \"%3, %4, %5, %6\"); break;\n"
+    "        default: TMA_LOAD(5, \"%3, %4, %5, %6, %7\"); break;\n"
+    "        }\n"
+    "    }\n"
+    "    const unsigned long long deadline = now_ns() + 10000000000ull;\n"
+    "    unsigned done = 0;\n"
+    "    while (!done) {\n"
+    "        asm volatile(\"{\\n.reg .pred p;\\n\"\n"
+    "                     \"mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n\"\n"
+    "                     \"selp.u32 %0, 1, 0, p;\\n}\\n\"\n"
+    "                     : \"=r\"(done) : \"r\"(bar), \"r\"(0u) : \"memory\");\n"
+    "        if (!done && now_ns() > deadline)\n"
+    "            break;\n"
+    "    }\n"
+    "    if (!done) {\n"
+    "        if (threadIdx.x == 0)\n"
+    "            status[blockIdx.x] = 2;\n"
+    "        return;\n"
+    "    }\n"
+    "    unsigned char *o = out + (unsigned long long)blockIdx.x * box_bytes;\n"
+    "    for (unsigned i = threadIdx.x; i < box_bytes; i += blockDim.x)\n"
+    "        o[i] = smem[i];\n"
+    "    if (threadIdx.x == 0)\n"
+    "        status[blockIdx.x] = 1;\n"
+    "#else\n"
+    "    __trap(); // tensor maps need sm_90: the test never launches this before it\n"
+    "#endif\n"
+    "}\n";
+
+#endif
