@@ -47,34 +47,44 @@
 /* The sm_90 grouped GEMMs (moe_sm90a.cu): CONS consumer warpgroups of 64 rows each (BM =
  * 64 CONS), BN rows of B per pipeline stage (for W13: BN/2 gate + BN/2 up rows, so BN/2
  * columns of h), 128 bytes of K per stage (64 bf16 or 128 e4m3) through STAGES TMA stages;
- * GROUP_M M tiles share each N tile. An fp8 W13 tile computes 128 columns of h (one block
- * of h's per-128 scales) in SUBS = 128 / (BN/2) passes over K, so that its epilogue sees a
- * whole block. */
+ * GROUP_M M tiles share each N tile. An fp8 W13 tile covers 128 columns of h (one block of
+ * h's per-128 scales), split over the SPLIT CTAs of a cluster and passes over K, so that
+ * its epilogue sees a whole block. */
 /* GROUP_M: M tiles that share each N tile, chosen so that their A rows (GROUP_M x BM x K
  * bytes) stay within GROUP_BYTES of L2 while the N tiles sweep past, 1 .. GROUP_M_MAX. */
 #define SC_MOE_SM90_GROUP_BYTES (16u << 20)
 #define SC_MOE_SM90_GROUP_M_MAX 16
 /* The tile shapes: one line each, the one list that generates the kernels (moe_sm90a.cu),
  * the host's kernel and tile tables (src/moe/plan.c) and their enums (plan.h).
- *   X(ID, name, precision, CONS, BN, STAGES, A_BOX, CTAS_PER_SM)
+ *   X(ID, name, precision, CONS, BN, STAGES, A_BOX, CTAS_PER_SM, SPLIT)
  * ID names the enums (SCI_MOE_TILE_ID, SCI_MOE_K_W13_ID, SCI_MOE_K_W2_ID); name is the
  * kernels' suffix and what SAFECUDA_MOE_TILE says; precision BF16 or E4M3; A_BOX: rows of A
- * per copy (only the boxes holding rows are copied). large is for prefill, small streams
- * weights for decode, medium and wide are for tuning comparisons. */
+ * per copy (only the boxes holding rows are copied); SPLIT: CTAs of a cluster that share
+ * one fp8 W13 tile's 128 columns of h (each computes 128 / SPLIT of them in 128 / SPLIT /
+ * (BN/2) passes, and the cluster exchanges the rows' largest magnitudes through
+ * distributed shared memory before quantizing h); 1 for bf16. large is for prefill, small
+ * streams weights for decode, medium and wide are for tuning comparisons; fp8_split is the
+ * fp8 decode tile when the W13 tiles would not fill the SMs (twice the CTAs per tile);
+ * fp8_narrow (BN 64, four passes, two CTAs per SM) is for tuning comparisons. */
 #define SC_MOE_SM90_TILES(X)                                                                \
-    X(LARGE, large, BF16, 2, 256, 4, 64, 1)                                                 \
-    X(SMALL, small, BF16, 1, 64, 4, 8, 3)                                                   \
-    X(MEDIUM, medium, BF16, 2, 128, 6, 64, 1)                                               \
-    X(WIDE, wide, BF16, 1, 256, 5, 16, 1)                                                   \
-    X(FP8_LARGE, fp8_large, E4M3, 2, 128, 6, 64, 1)                                         \
-    X(FP8_SMALL, fp8_small, E4M3, 1, 128, 8, 8, 1)
-/* Rows per expert (T k / E on average) up to which the small tiles are used. */
+    X(LARGE, large, BF16, 2, 256, 4, 64, 1, 1)                                              \
+    X(SMALL, small, BF16, 1, 64, 4, 8, 3, 1)                                                \
+    X(MEDIUM, medium, BF16, 2, 128, 6, 64, 1, 1)                                            \
+    X(WIDE, wide, BF16, 1, 256, 5, 16, 1, 1)                                                \
+    X(FP8_LARGE, fp8_large, E4M3, 2, 128, 6, 64, 1, 1)                                      \
+    X(FP8_SMALL, fp8_small, E4M3, 1, 128, 8, 8, 1, 1)                                       \
+    X(FP8_SPLIT, fp8_split, E4M3, 1, 128, 8, 8, 1, 2)                                       \
+    X(FP8_NARROW, fp8_narrow, E4M3, 1, 64, 6, 8, 2, 1)
+/* Rows per expert (T k / E on average) up to which the small tiles are used. fp8: the
+ * cluster-split tile while the W13 tiles of the experts a forward can use (min(T k, E) + the
+ * shared chunks, times I / 128) are fewer than the SMs. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
- * and tile offsets. */
-#define SC_MOE_SM90_SMEM(CONS, BN, STAGES)                                                \
+ * and tile offsets, and (fp8 W13 split over a cluster) the rows' largest magnitudes and
+ * the two barriers of their exchange. */
+#define SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)                                         \
     (1024 + (STAGES) * ((CONS) * 64 * 128 + (BN) * 128) + 2 * (STAGES) * 8 +              \
-     2 * (SC_MOE_MAX_GROUPS + 1) * 4)
+     2 * (SC_MOE_MAX_GROUPS + 1) * 4 + ((SPLIT) > 1 ? (CONS) * 64 * 4 + 32 : 0))
 /* fp8 experts: 128 x 128 weight blocks, activations scaled per row per 128 channels. */
 #define SC_MOE_FP8_BLOCK 128
 #define SC_MOE_GATHER_FP8_WARPS 8 /* x gathered and quantized: one warp per row */

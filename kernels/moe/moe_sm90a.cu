@@ -97,6 +97,55 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const tmap_t *map, int
                  : "memory");
 }
 
+// Clusters: this CTA's rank, a shared-memory address of the same variable in CTA `rank`,
+// an arrive on a barrier there (release at cluster scope), a wait on one of ours that the
+// other CTA arrives on (acquire at cluster scope), a load from there, and a barrier of the
+// whole cluster (every thread of every CTA).
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank)
+{
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ void mbar_arrive_remote(unsigned cluster_addr)
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ float ld_cluster_f32(unsigned cluster_addr)
+{
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_map(const tmap_t *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)map) : "memory");
@@ -239,13 +288,13 @@ __device__ __forceinline__ bool get_tile(int t, int m_total, int n_tiles, int gr
 // W13 writes h as e4m3 into out with its scales in out_scale [I / 128][rows_cap].
 enum { MODE_W13 = 0, MODE_W2 = 1 };
 
-template <int CONS, int BN, int STAGES> struct cfg {
+template <int CONS, int BN, int STAGES, int SPLIT> struct cfg {
     static constexpr int BM = 64 * CONS;
     static constexpr int THREADS = 128 * (CONS + 1);
     static constexpr int A_BYTES = BM * 128;
     static constexpr int B_BYTES = BN * 128;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    static constexpr int SMEM = SC_MOE_SM90_SMEM(CONS, BN, STAGES);
+    static constexpr int SMEM = SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT);
 };
 
 struct gemm_args {
@@ -266,14 +315,16 @@ __device__ __forceinline__ int tile_kshift(const sc_moe_expert_params &q, bool r
     return routed ? q.kshift : 0;
 }
 
-template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS>
+template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS, int SPLIT>
 __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_expert_params &q)
 {
-    typedef cfg<CONS, BN, STAGES> C;
+    typedef cfg<CONS, BN, STAGES, SPLIT> C;
     constexpr int BM = C::BM, KS = P::KS;
     static_assert(MODE == MODE_W13 || SUBS == 1, "W2 tiles are one pass");
-    static_assert(!P::FP8 || MODE == MODE_W2 || SUBS * (BN / 2) == SC_MOE_FP8_BLOCK,
-                  "an fp8 W13 tile computes one block of h's scales");
+    static_assert(!P::FP8 || MODE == MODE_W2 || SPLIT * SUBS * (BN / 2) == SC_MOE_FP8_BLOCK,
+                  "an fp8 W13 tile (its cluster) computes one block of h's scales");
+    static_assert(SPLIT == 1 || (P::FP8 && MODE == MODE_W13 && SPLIT == 2),
+                  "clusters of two share fp8 W13 tiles only");
     static_assert(!P::FP8 || SC_MOE_FP8_BLOCK % BN == 0 || MODE == MODE_W13,
                   "an fp8 W2 tile lies in one block of W2's scales");
     static_assert(P::FP8 || SUBS == 1, "bf16 W13 tiles are one pass");
@@ -290,6 +341,15 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
     const unsigned empty_bar = full_bar + STAGES * 8;
     int *tile_off = reinterpret_cast<int *>(base_ptr + STAGES * C::STAGE_BYTES + 2 * STAGES * 8);
     int *row_off = tile_off + SC_MOE_MAX_GROUPS + 1;
+    // fp8 W13 over a cluster: the rows' largest magnitudes of this CTA's columns, and two
+    // barriers the other CTA arrives on: ready (its values are written), read (it has read
+    // ours, so they may be overwritten).
+    float *amax_own = reinterpret_cast<float *>(row_off + SC_MOE_MAX_GROUPS + 1);
+    const unsigned amax_addr = smem_u32(amax_own);
+    const unsigned ready_bar = (amax_addr + C::BM * 4 + 7u) & ~7u, read_bar = ready_bar + 8;
+    // Tiles go to clusters of SPLIT CTAs (a CTA alone without a split).
+    const unsigned rank = SPLIT > 1 ? cluster_rank() : 0u;
+    const int first_tile = blockIdx.x / SPLIT, tile_step = gridDim.x / SPLIT;
 
     const int tid = threadIdx.x;
     griddep_enter(); // (a programmatic launch: see moe_device.cuh)
@@ -321,13 +381,20 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             mbar_init(full_bar + s * 8, 1);
             mbar_init(empty_bar + s * 8, RELEASES);
         }
+        if (SPLIT > 1) {
+            mbar_init(ready_bar, 4 * CONS); // one arrive per consumer warp of the other CTA
+            mbar_init(read_bar, 4 * CONS);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
+    if constexpr (SPLIT > 1)
+        cluster_sync(); // the other CTA's barriers are initialized before anyone arrives
 
     const int m_total = tile_off[groups];
-    constexpr int NW = MODE == MODE_W13 ? SUBS * (BN / 2) : BN; // output columns per tile
+    constexpr int NW = MODE == MODE_W13 ? SPLIT * SUBS * (BN / 2) : BN; // output columns per tile
+    constexpr int NC = SUBS * (BN / 2); // W13: this CTA's columns of the tile
     const int n_tiles = (N + NW - 1) / NW;
     const int wg = tid >> 7;
 
@@ -347,8 +414,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             }
             int it = 0;
             tile_t tl;
-            for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
-                 t += gridDim.x) {
+            for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
+                 t += tile_step) {
                 const bool routed = tl.e < E;
                 const int ksh = tile_kshift(q, routed);
                 const int k_tiles = (K + ksh + KS - 1) / KS;
@@ -362,7 +429,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                     const int b_row =
                         MODE == MODE_W13
                             ? (routed ? tl.e * g.b_rows_per_expert : (tl.e - E) * q.I) +
-                                  tl.n * NW + sub * (BN / 2)
+                                  tl.n * NW + rank * NC + sub * (BN / 2)
                             : (routed ? tl.e * g.b_rows_per_expert : 0) + tl.n * BN;
                     const int b_col = MODE == MODE_W2 && !routed ? (tl.e - E) * q.I : 0;
                     for (int kt = 0; kt < k_tiles; kt++, it++) {
@@ -393,14 +460,15 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const int wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
         float acc[BN / 2];
         float part[P::FP8 ? BN / 2 : 1]; // e4m3: one stage's partial sums
-        float hkeep[P::FP8 && MODE == MODE_W13 ? BN / 4 : 1]; // e4m3 W13: pass 0's h
+        float hkeep[P::FP8 && MODE == MODE_W13 && SUBS > 1 ? (SUBS - 1) * (BN / 4) : 1]; // e4m3 W13: earlier passes' h
 #pragma unroll
         for (int i = 0; i < BN / 2; i++)
             acc[i] = 0.f;
         int it = 0;
         tile_t tl;
-        for (int t = blockIdx.x; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
-             t += gridDim.x) {
+        unsigned tiles_done = 0; // (the cluster exchange's barrier phases)
+        for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
+             t += tile_step, tiles_done++) {
             const bool routed = tl.e < E;
             const int ksh = tile_kshift(q, routed);
             const int k_tiles = (K + ksh + KS - 1) / KS;
@@ -420,7 +488,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                         // The pass's first gate / up row of the expert's W13 (or the shared
                         // W13) as the checkpoint numbers its rows, and that row's block.
                         const int Itot = routed ? q.I : (groups - E) * q.I;
-                        const int j = (routed ? 0 : (tl.e - E) * q.I) + tl.n * NW + sub * (BN / 2);
+                        const int j = (routed ? 0 : (tl.e - E) * q.I) + tl.n * NW + rank * NC +
+                                      sub * (BN / 2);
                         const int grow = q.interleaved ? 2 * j : j;
                         const int urow = q.interleaved ? 2 * j + 1 : Itot + j;
                         const float *bs = routed ? g.b_scale + (long long)tl.e * (2 * q.I / SC_MOE_FP8_BLOCK) * KB
@@ -525,7 +594,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                 } else if constexpr (MODE == MODE_W13) {
                     // e4m3: h of this pass, hv[(f * 2 + h) * 2 + j] at row r0 + 8 h, column
                     // col0 + f * 8 + cl + j.
-                    const int col0 = tl.n * NW + sub * (BN / 2);
+                    const int col0 = tl.n * NW + rank * NC + sub * (BN / 2);
                     float hv[BN / 4];
 #pragma unroll
                     for (int f = 0; f < BN / 16; f++) {
@@ -551,7 +620,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                     if (sub + 1 < SUBS) {
 #pragma unroll
                         for (int i = 0; i < BN / 4; i++)
-                            hkeep[i] = hv[i];
+                            hkeep[sub * (BN / 4) + i] = hv[i];
                     } else {
                         // The last pass: each row's 128 columns of h are in this thread's
                         // hkeep and hv and in those of the three other lanes of its quad.
@@ -564,13 +633,35 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                                 for (int j = 0; j < 2; j++) {
                                     const int i = (f * 2 + h) * 2 + j;
                                     amax[h] = fmaxf(amax[h], fabsf(hv[i]));
-                                    if (SUBS > 1)
-                                        amax[h] = fmaxf(amax[h], fabsf(hkeep[i]));
+#pragma unroll
+                                    for (int ps = 0; ps + 1 < SUBS; ps++)
+                                        amax[h] = fmaxf(amax[h], fabsf(hkeep[ps * (BN / 4) + i]));
                                 }
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
                             amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+                        }
+                        if constexpr (SPLIT > 1) {
+                            // The other CTA's half of each row: exchange the rows' largest
+                            // magnitudes through distributed shared memory.
+                            const unsigned other = rank ^ 1u, ph = tiles_done & 1u;
+                            const int lr = c * 64 + warp * 16 + (lane >> 2); // local row
+                            if ((lane & 3) == 0) {
+                                amax_own[lr] = amax[0];
+                                amax_own[lr + 8] = amax[1];
+                            }
+                            __syncwarp();
+                            if (lane == 0)
+                                mbar_arrive_remote(cluster_map(ready_bar, other));
+                            mbar_wait_cluster(ready_bar, ph);
+                            const unsigned there = cluster_map(amax_addr, other);
+                            amax[0] = fmaxf(amax[0], ld_cluster_f32(there + lr * 4));
+                            amax[1] = fmaxf(amax[1], ld_cluster_f32(there + (lr + 8) * 4));
+                            __syncwarp();
+                            if (lane == 0)
+                                mbar_arrive_remote(cluster_map(read_bar, other));
+                            mbar_wait_cluster(read_bar, ph); // ours are read: reusable
                         }
                         fp8_t *out = static_cast<fp8_t *>(g.out);
                         const int blk = tl.n * NW / SC_MOE_FP8_BLOCK;
@@ -580,7 +671,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                             if (row >= tl.row_end)
                                 continue;
                             const float inv = amax[h] > 0.f ? __fdiv_rn(448.f, amax[h]) : 1.f;
-                            if ((lane & 3) == 0)
+                            if ((lane & 3) == 0 && rank == 0)
                                 g.out_scale[(long long)blk * q.rows_cap + row] =
                                     amax[h] > 0.f ? __fdiv_rn(amax[h], 448.f) : 1.f;
 #pragma unroll
@@ -588,9 +679,9 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
 #pragma unroll
                                 for (int f = 0; f < BN / 16; f++) {
                                     const int i = (f * 2 + h) * 2;
-                                    const float v0 = ps + 1 < SUBS ? hkeep[i] : hv[i];
-                                    const float v1 = ps + 1 < SUBS ? hkeep[i + 1] : hv[i + 1];
-                                    const int col = tl.n * NW + ps * (BN / 2) + f * 8 + cl;
+                                    const float v0 = ps + 1 < SUBS ? hkeep[ps * (BN / 4) + i] : hv[i];
+                                    const float v1 = ps + 1 < SUBS ? hkeep[ps * (BN / 4) + i + 1] : hv[i + 1];
+                                    const int col = tl.n * NW + rank * NC + ps * (BN / 2) + f * 8 + cl;
                                     *reinterpret_cast<unsigned short *>(out + (long long)row * N + col) =
                                         pack_e4m3x2(__fmul_rn(v0, inv), __fmul_rn(v1, inv));
                                 }
@@ -628,6 +719,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             }
         }
     }
+    if constexpr (SPLIT > 1)
+        cluster_sync(); // no CTA leaves while the other may still reach its shared memory
 }
 
 // ---- the kernels -------------------------------------------------------------------------------
@@ -637,7 +730,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
 // (CONS + 1) threads; dynamic shared memory: SC_MOE_SM90_SMEM(CONS, BN, STAGES). W13:
 // rows_per_expert = the gate map's rows per routed expert (2I stacked, I interleaved).
 
-#define SC_MOE_SM90_KERNELS_BF16(NAME, CONS, BN, STAGES, A_BOX)                               \
+#define SC_MOE_SM90_KERNELS_BF16(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)                  \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t g_map,                           \
@@ -650,7 +743,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &g_map, &u_map, &sg_map, &su_map, h, nullptr, nullptr,  \
                              b13, nullptr, nullptr, nullptr, row_offsets, q.I, q.H,           \
                              rows_per_expert};                                                 \
-        grouped_gemm<prec_bf16, MODE_W13, CONS, BN, STAGES, A_BOX, 1>(g, q);                   \
+        grouped_gemm<prec_bf16, MODE_W13, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
@@ -662,14 +755,14 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
                              perm_weight, b2, nullptr, nullptr, nullptr, row_offsets, q.H,    \
                              q.I, q.H};                                                        \
-        grouped_gemm<prec_bf16, MODE_W2, CONS, BN, STAGES, A_BOX, 1>(g, q);                    \
+        grouped_gemm<prec_bf16, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                 \
     }
 
 // e4m3: x_scale / h_scale [K / 128][rows_cap], the weights' block scales (w13_scale [E,
 // 2I/128, H/128], shared_w13_scale [2 I_s/128, H/128]; w2_scale [E, H/128, I/128],
 // shared_w2_scale [H/128, I_s/128]); W13 writes h (e4m3) and h_scale.
-#define SC_MOE_SM90_KERNELS_E4M3(NAME, CONS, BN, STAGES, A_BOX)                               \
-    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+#define SC_MOE_SM90_KERNELS_E4M3(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)                  \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), CTAS)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t g_map,                           \
                                const __grid_constant__ tmap_t u_map,                           \
@@ -684,9 +777,9 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                              b13, x_scale, w13_scale, shared_w13_scale, row_offsets, q.I,     \
                              q.H, rows_per_expert};                                            \
         grouped_gemm<prec_e4m3, MODE_W13, CONS, BN, STAGES, A_BOX,                             \
-                     SC_MOE_FP8_BLOCK / (BN / 2)>(g, q);                                       \
+                     SC_MOE_FP8_BLOCK / SPLIT / (BN / 2), SPLIT>(g, q);                        \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
+    extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), CTAS)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
                               const __grid_constant__ tmap_t b_map,                            \
                               const __grid_constant__ tmap_t sb_map, const float *h_scale,     \
@@ -697,9 +790,9 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
                              perm_weight, b2, h_scale, w2_scale, shared_w2_scale,             \
                              row_offsets, q.H, q.I, q.H};                                      \
-        grouped_gemm<prec_e4m3, MODE_W2, CONS, BN, STAGES, A_BOX, 1>(g, q);                    \
+        grouped_gemm<prec_e4m3, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                 \
     }
 
-#define SC_MOE_SM90_TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)               \
-    SC_MOE_SM90_KERNELS_##PREC(NAME, CONS, BN, STAGES, A_BOX)
+#define SC_MOE_SM90_TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)        \
+    SC_MOE_SM90_KERNELS_##PREC(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)
 SC_MOE_SM90_TILES(SC_MOE_SM90_TILE_KERNELS)

@@ -25,19 +25,19 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_GATHER_FP8] = {MOE_CU, "sc_moe_gather_fp8", SM90, 0},
     [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
     [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
-#define TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)                         \
+#define TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)                         \
     [SCI_MOE_K_W13_##ID] = {SM90_CU, "sc_moe_w13_sm90_" #NAME, SM90,                      \
-                            SC_MOE_SM90_SMEM(CONS, BN, STAGES)},                          \
+                            SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},                          \
     [SCI_MOE_K_W2_##ID] = {SM90_CU, "sc_moe_w2_sm90_" #NAME, SM90,                        \
-                           SC_MOE_SM90_SMEM(CONS, BN, STAGES)},
+                           SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},
     SC_MOE_SM90_TILES(TILE_KERNELS)
 #undef TILE_KERNELS
 };
 
 #define PREC_FP8_BF16 false
 #define PREC_FP8_E4M3 true
-#define TILE_INFO(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS)                            \
-    [SCI_MOE_TILE_##ID] = {PREC_FP8_##PREC, CONS, BN, STAGES, A_BOX, CTAS,                 \
+#define TILE_INFO(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)                     \
+    [SCI_MOE_TILE_##ID] = {PREC_FP8_##PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT,          \
                            PREC_FP8_##PREC ? SC_MOE_FP8_BLOCK : (BN) / 2,                 \
                            SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID, #NAME,                  \
                            "w13 gemm (sm90 " #NAME ")", "w2 gemm (sm90 " #NAME ")"},
@@ -226,8 +226,14 @@ static int sm90_tile_for(const sci_moe_config *c, uint64_t T)
         sci_moe_tiles[c->tile_override].fp8 == c->fp8)
         return c->tile_override;
     uint64_t rows_per_expert = T * (uint64_t)c->top_k / (uint64_t)c->experts;
+    if (rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS && c->fp8) {
+        const uint64_t slots = T * (uint64_t)c->top_k, E = (uint64_t)c->experts;
+        const uint64_t tiles = ((slots < E ? slots : E) + (uint64_t)c->shared) *
+                               ((uint64_t)c->intermediate / SC_MOE_FP8_BLOCK);
+        return tiles < (uint64_t)c->sm_count ? SCI_MOE_TILE_FP8_SPLIT : SCI_MOE_TILE_FP8_SMALL;
+    }
     if (rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS)
-        return c->fp8 ? SCI_MOE_TILE_FP8_SMALL : SCI_MOE_TILE_SMALL;
+        return SCI_MOE_TILE_SMALL;
     return c->fp8 ? SCI_MOE_TILE_FP8_LARGE : SCI_MOE_TILE_LARGE;
 }
 
@@ -259,8 +265,12 @@ static void plan_sm90(const sci_moe_config *c, sci_moe_plan *p)
     p->k2 = ts->k2;
     p->step13 = ts->step13;
     p->step2 = ts->step2;
-    p->w13 = launch((uint32_t)(tiles13 < max_ctas ? tiles13 : max_ctas), 1, 1, threads, smem,
-                    p->pdl);
+    /* W13: clusters of `split` CTAs, each cluster a tile at a time */
+    const uint32_t split = (uint32_t)ts->split, clusters = max_ctas / split;
+    p->w13 = launch((uint32_t)(tiles13 < clusters ? tiles13 : clusters) * split, 1, 1, threads,
+                    smem, p->pdl);
+    if (split > 1)
+        p->w13.cluster = (sc_dim3){split, 1, 1};
     p->w2 = launch((uint32_t)(tiles2 < max_ctas ? tiles2 : max_ctas), 1, 1, threads, smem,
                    p->pdl);
     p->group_m13 = sm90_group_m(c, bm, c->hidden);

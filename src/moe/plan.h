@@ -44,6 +44,7 @@ typedef enum sci_moe_tile {
 typedef struct sci_moe_tile_info {
     bool fp8;                   /* the e4m3 kernels (fp8 experts), else bf16 */
     int cons, bn, stages, a_box, ctas_per_sm;
+    int split;                  /* W13: CTAs of a cluster sharing a tile (grid a multiple) */
     int cols13;                 /* columns of h per W13 tile: bn/2, or 128 for fp8 */
     sci_moe_kernel k13, k2;
     const char *name;           /* as SAFECUDA_MOE_TILE names it */

@@ -474,8 +474,83 @@ static void test_shared_and_caller_routing(void)
     CHECK_EQ(n[SCI_MOE_W_SHARED_W], 100);
 }
 
+/* fp8 experts (SM90): x gathered and quantized by its own launch after the routing (never
+ * inside the one-launch routing), the fp8 tiles (for decode W13 in clusters of two CTAs
+ * sharing each tile's 128 columns of h while the tiles would not fill the SMs), the
+ * workspace's e4m3 x and h with their scales instead of bf16. */
+enum {
+    SMEM_FP8_SMALL = 1024 + 8 * (8192 + 16384) + 128 + 4232,            /* CONS 1, BN 128, 8 */
+    SMEM_FP8_SPLIT = SMEM_FP8_SMALL + 256 + 32, /* + the rows' amax, 2 barriers */
+    SMEM_FP8_LARGE = 1024 + 6 * (16384 + 16384) + 96 + 4232,            /* CONS 2, BN 128, 6 */
+};
+
+static void test_fp8(void)
+{
+    sci_moe_config c = config(256, 8, 7168, 2048, SC_MOE_BACKEND_SM90);
+    c.fp8 = true;
+    /* T = 1: routing in one launch without the gather; gather + quantize, a warp per row
+     * (8 rows: one block of 8 warps); the fp8 small tile (8 experts x 2048 / 128 = 128 W13
+     * tiles: not fewer than the 132 SMs... by 4), one CTA per SM. */
+    sci_moe_plan p = plan(&c, 1);
+    CHECK(p.route_small && !p.route_gathers);
+    CHECK_LAUNCH(p.gather, 1, 1, 1, 256, 0);
+    CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_SPLIT);
+    c.shared = 1; /* 9 x 16 = 144 tiles: enough */
+    CHECK_EQ(plan(&c, 1).tile, SCI_MOE_TILE_FP8_SMALL);
+    p = plan(&c, 1);
+    CHECK_EQ(p.k13, SCI_MOE_K_W13_FP8_SMALL);
+    CHECK_EQ(p.k2, SCI_MOE_K_W2_FP8_SMALL);
+    CHECK_LAUNCH(p.w13, 132, 1, 1, 256, SMEM_FP8_SMALL);
+    CHECK_EQ(p.w13.cluster.x, 0);
+    CHECK_LAUNCH(p.w2, 132, 1, 1, 256, SMEM_FP8_SMALL);
+    /* A small layer (I = 768: 6 tiles per expert): 8 x 6 = 48 W13 tiles at T = 1, in
+     * clusters of 2 CTAs sharing each tile's 128 columns of h; W2 without a cluster. */
+    sci_moe_config c2 = config(128, 8, 2048, 768, SC_MOE_BACKEND_SM90);
+    c2.fp8 = true;
+    p = plan(&c2, 1);
+    CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_SPLIT);
+    CHECK_EQ(p.k13, SCI_MOE_K_W13_FP8_SPLIT);
+    CHECK_LAUNCH(p.w13, 132, 1, 1, 256, SMEM_FP8_SPLIT);
+    CHECK_EQ(p.w13.cluster.x, 2);
+    CHECK_EQ(p.w13.cluster.y, 1);
+    CHECK_EQ(p.w2.cluster.x, 0);
+    CHECK_EQ(plan(&c2, 16).tile, SCI_MOE_TILE_FP8_SMALL); /* 128 x 6 tiles */
+    /* T = 4096: routing in steps, the scatter alone (no bf16 gather), then gather + quantize
+     * over 32768 rows (4096 blocks); the large tile, W13 in 66 clusters of 2. */
+    p = plan(&c, 4096);
+    CHECK(!p.route_small);
+    CHECK_LAUNCH(p.scatter, 32768 / 256, 1, 1, 256, 0);
+    CHECK_LAUNCH(p.gather, 32768 / 8, 1, 1, 256, 0);
+    CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_LARGE);
+    CHECK_LAUNCH(p.w13, 132, 1, 1, 384, SMEM_FP8_LARGE);
+    CHECK_EQ(p.w13.cluster.x, 0);
+    /* a bf16 tile named by SAFECUDA_MOE_TILE is ignored for fp8 experts, an fp8 one taken */
+    c.tile_override = SCI_MOE_TILE_MEDIUM;
+    CHECK_EQ(plan(&c, 4096).tile, SCI_MOE_TILE_FP8_LARGE);
+    c.tile_override = SCI_MOE_TILE_FP8_SMALL;
+    CHECK_EQ(plan(&c, 4096).tile, SCI_MOE_TILE_FP8_SMALL);
+    CHECK_EQ(sci_moe_tile_named("fp8_large"), SCI_MOE_TILE_FP8_LARGE);
+    /* the workspace: e4m3 x [R, H] and h [R, I], their f32 scales [R, H/128], [R, I/128];
+     * no bf16 x in expert order or h */
+    c.tile_override = -1;
+    uint64_t n[SCI_MOE_W_COUNT];
+    sci_moe_workspace_counts(&c, 10, n);
+    CHECK_EQ(n[SCI_MOE_W_XQ], 80 * 7168);
+    CHECK_EQ(n[SCI_MOE_W_XS], 80 * 56);
+    CHECK_EQ(n[SCI_MOE_W_HQ], 80 * 2048);
+    CHECK_EQ(n[SCI_MOE_W_HS], 80 * 16);
+    CHECK_EQ(n[SCI_MOE_W_XPERM], 0);
+    CHECK_EQ(n[SCI_MOE_W_H], 0);
+    c.fp8 = false;
+    sci_moe_workspace_counts(&c, 10, n);
+    CHECK_EQ(n[SCI_MOE_W_XQ], 0);
+    CHECK_EQ(n[SCI_MOE_W_HS], 0);
+    CHECK_EQ(n[SCI_MOE_W_XPERM], 80 * 7168);
+}
+
 int main(void)
 {
+    test_fp8();
     test_sm90_small_layer();
     test_sm90_large_layer();
     test_router_rounding();
