@@ -271,7 +271,10 @@ class sc_moe_desc(Structure):
                 ("router_bias", sc_view), ("w13_bias", sc_view), ("w2_bias", sc_view),
                 # the shared expert
                 ("shared_intermediate", c_int), ("shared_w13", sc_view), ("shared_w2", sc_view),
-                ("shared_gate", sc_view)]
+                ("shared_gate", sc_view),
+                # fp8 experts: their dtype and the checkpoints' 128 x 128 block scales
+                ("expert_dtype", c_int), ("w13_scale", sc_view), ("w2_scale", sc_view),
+                ("shared_w13_scale", sc_view), ("shared_w2_scale", sc_view)]
 
 
 SC_MOE_SOFTMAX, SC_MOE_SIGMOID = 0, 1

@@ -12,6 +12,8 @@ SCORING = {"softmax": 0, "sigmoid": 1}
 BACKEND = {"auto": 0, "mma": 1, "sm90": 2}
 ACTIVATION = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
 W13_LAYOUT = {"stacked": 0, "interleaved": 1}
+FP8_BLOCK = 128  # the weights' scales are per 128 x 128 block (moe.h: SC_MOE_FP8_BLOCK)
+SCALES = ("w13_scale", "w2_scale", "shared_w13_scale", "shared_w2_scale")
 
 
 def _choice(what, value, table):
@@ -44,23 +46,86 @@ def _int(what, value):
         raise TypeError(f"MoE: {what} must be an int, not {type(value).__name__}") from None
 
 
+def _expert_dtype(w13, w2, shared_w13, shared_w2):
+    """The experts' DType: w13's (else w2's); TypeError for fp8 other than e4m3, or fp8
+    weights mixed with others."""
+    named = (("w13", w13), ("w2", w2), ("shared_w13", shared_w13), ("shared_w2", shared_w2))
+    given = [(n, w.dtype) for n, w in named if w is not None]
+    if not given:
+        return DType.BF16
+    first, xd = given[0]
+    if xd is DType.F8E5M2:
+        raise TypeError(f"MoE: {first} is f8e5m2; the experts are bf16, or f8e4m3 (OCP "
+                        f"e4m3fn, torch.float8_e4m3fn) with 128 x 128 block scales")
+    for name, d in given[1:]:
+        if d != xd and DType.F8E4M3 in (d, xd):
+            raise TypeError(f"MoE: {name} is {d} and {first} {xd}: the experts' weights "
+                            f"(w13, w2, shared_w13, shared_w2) are all bf16 or all f8e4m3")
+    return DType.F8E4M3 if xd is DType.F8E4M3 else DType.BF16
+
+
+def _check_fp8(xd, E, H, I_, S, shared, scales, backend):
+    """The Python side of fp8 experts: scales given with f8e4m3 experts only, each f32 of
+    the checkpoint's block layout; H and I multiples of 128; the SM90 backend."""
+    if xd is not DType.F8E4M3:
+        for name in SCALES:
+            if scales[name] is not None:
+                raise ValueError(f"MoE: {name} is given but the experts (w13, w2) are {xd}: "
+                                 f"block scales go with f8e4m3 experts")
+        return
+    if backend == "mma":
+        raise ValueError("MoE: backend='mma' can't run f8e4m3 experts: they run on the SM90 "
+                         "backend only (e4m3 warpgroup MMAs, compute capability 9.0)")
+    if H % FP8_BLOCK or I_ % FP8_BLOCK:
+        raise ValueError(f"MoE: f8e4m3 experts need hidden and intermediate multiples of "
+                         f"{FP8_BLOCK} (their scales are per {FP8_BLOCK} x {FP8_BLOCK} "
+                         f"block); H = {H}, I = {I_}")
+    B = FP8_BLOCK
+    want = {"w13_scale": ((E, 2 * I_ // B, H // B), "[E, 2I/128, H/128]"),
+            "w2_scale": ((E, H // B, I_ // B), "[E, H/128, I/128]"),
+            "shared_w13_scale": ((2 * S // B, H // B), "[2 I_s/128, H/128]"),
+            "shared_w2_scale": ((H // B, S // B), "[H/128, I_s/128]")}
+    for name in SCALES:
+        v = scales[name]
+        shape, meaning = want[name]
+        if name.startswith("shared_") and not shared:
+            if v is not None:
+                raise ValueError(f"MoE: {name} is given without a shared expert "
+                                 f"(shared_w13, shared_w2)")
+            continue
+        expect = f"f32 {meaning} = {list(shape)}"
+        if v is None:
+            raise ValueError(f"MoE: the experts are f8e4m3: give {name}, {expect} (the "
+                             f"checkpoint's weight_scale_inv: weight = e4m3 value x scale)")
+        if v.dtype is not DType.F32:
+            raise TypeError(f"MoE: {name} is {v.dtype}; block scales are {expect}")
+        n = 1
+        for d in shape:
+            n *= d
+        if tuple(v.shape) != shape and not (len(v.shape) == 1 and v.count == n):
+            raise ValueError(f"MoE: {name} must be {expect}; got shape {tuple(v.shape)}")
+
+
 def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                selection_bias=None, max_tokens=256, label=None, backend="auto",
                experts=None, hidden=None, intermediate=None, n_group=0, topk_group=0,
                routed_scaling=0.0, activation="silu", swiglu_alpha=None, swiglu_limit=None,
                w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
-               shared_intermediate=None, shared_w13=None, shared_w2=None, shared_gate=None):
+               shared_intermediate=None, shared_w13=None, shared_w2=None, shared_gate=None,
+               w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None):
     """The sc_moe_desc of MoE's arguments (see MoE), and a namespace of what was read:
-    experts, top_k, hidden, intermediate, shared_intermediate, the objects to keep alive
-    and the label's bytes (the desc points into them). Checks the Python side only (names,
-    types, what the shapes tell); the library checks the rest when the layer is made."""
+    experts, top_k, hidden, intermediate, shared_intermediate, expert_dtype, the objects to
+    keep alive and the label's bytes (the desc points into them). Checks the Python side
+    only (names, types, what the shapes and dtypes tell); the library checks the rest when
+    the layer is made."""
     weights = (("router", router, "router", "router_view"),
                ("w13", w13, "w13", "w13_view"),
                ("w2", w2, "w2", "w2_view"),
                ("selection_bias", selection_bias, "selection_bias", "selection_bias_view"))
     views = (("router_bias", router_bias), ("w13_bias", w13_bias), ("w2_bias", w2_bias),
              ("shared_w13", shared_w13), ("shared_w2", shared_w2),
-             ("shared_gate", shared_gate))
+             ("shared_gate", shared_gate), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
+             ("shared_w13_scale", shared_w13_scale), ("shared_w2_scale", shared_w2_scale))
     for name, w, _, _ in weights:
         if w is not None and not isinstance(w, View):
             raise TypeError(f"MoE: {name} must be a safecuda.Buffer (the layer keeps its "
@@ -90,6 +155,10 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                              "give it")
         else:
             S = 0
+    xd = _expert_dtype(w13, w2, shared_w13, shared_w2)
+    _check_fp8(xd, _int("experts", E), _int("hidden", H), _int("intermediate", I_),
+               _int("shared_intermediate", S), shared_w13 is not None or shared_w2 is not None,
+               dict(views[6:]), backend)
     desc = sc_moe_desc()
     desc.experts, desc.top_k = _int("experts", E), _int("top_k", top_k)
     desc.hidden, desc.intermediate = _int("hidden", H), _int("intermediate", I_)
@@ -117,9 +186,11 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
         if w is not None:
             setattr(desc, name, w._sv)
     desc.shared_intermediate = _int("shared_intermediate", S)
+    desc.expert_dtype = int(xd)
     info = types.SimpleNamespace(
         experts=desc.experts, top_k=desc.top_k, hidden=desc.hidden,
         intermediate=desc.intermediate, shared_intermediate=desc.shared_intermediate,
+        expert_dtype=xd,
         keep=(router, w13, w2, selection_bias) + tuple(w for _, w in views), label=label_b)
     return desc, info
 
@@ -151,7 +222,22 @@ class MoE(_Resource):
         of intermediate size shared_intermediate (read from shared_w2's shape when not
         given), a multiple of I.
     Biases and shared weights are Buffers or Views (a Buffer stands for all its
-    elements)."""
+    elements).
+
+    fp8 experts (the layout of DeepSeek-V3 / transformers fine-grained FP8 checkpoints):
+    w13, w2, shared_w13 and shared_w2 of f8e4m3 (OCP e4m3fn) make the layer's
+    expert_dtype f8e4m3, and each then comes with its f32 scales (the checkpoint's
+    weight_scale_inv, one per 128 x 128 block: weight = e4m3 value x scale):
+      w13_scale [E, 2I/128, H/128] (W13's row blocks in w13_layout order),
+      w2_scale [E, H/128, I/128], shared_w13_scale [2 I_s/128, H/128],
+      shared_w2_scale [H/128, I_s/128]
+    (Buffers or Views; a flat View of the right count too). x and out stay bf16, the
+    router, shared gate and biases as above; H and I are multiples of 128; SM90 backend
+    (compute capability 9.0) only. The layer quantizes x per token and h per row in
+    blocks of 128 channels (scale = amax / 448). ValueError / TypeError, before the
+    library is called, for scales with bf16 experts, fp8 experts without their scales,
+    a scale of another dtype or shape, mixed dtypes, H or I not multiples of 128, or
+    backend="mma"."""
 
     _kind = "MoE layer"
     _destroy_fn = "sc_moe_destroy"
@@ -162,7 +248,8 @@ class MoE(_Resource):
                  routed_scaling=0.0, activation="silu", swiglu_alpha=None, swiglu_limit=None,
                  w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
                  shared_intermediate=None, shared_w13=None, shared_w2=None,
-                 shared_gate=None, _site=None):
+                 shared_gate=None, w13_scale=None, w2_scale=None, shared_w13_scale=None,
+                 shared_w2_scale=None, _site=None):
         desc, info = build_desc(
             router, w13, w2, top_k=top_k, scoring=scoring, renormalize=renormalize,
             selection_bias=selection_bias, max_tokens=max_tokens, label=label,
@@ -171,7 +258,9 @@ class MoE(_Resource):
             activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
             w13_layout=w13_layout, router_bias=router_bias, w13_bias=w13_bias,
             w2_bias=w2_bias, shared_intermediate=shared_intermediate, shared_w13=shared_w13,
-            shared_w2=shared_w2, shared_gate=shared_gate)
+            shared_w2=shared_w2, shared_gate=shared_gate, w13_scale=w13_scale,
+            w2_scale=w2_scale, shared_w13_scale=shared_w13_scale,
+            shared_w2_scale=shared_w2_scale)
         self._label_b = info.label
         h = c_uint64()
         file, line = _site if _site is not None else caller_site()
@@ -179,6 +268,7 @@ class MoE(_Resource):
         self.experts, self.top_k = info.experts, info.top_k
         self.hidden, self.intermediate = info.hidden, info.intermediate
         self.shared_intermediate = info.shared_intermediate
+        self.expert_dtype = info.expert_dtype  # DType.BF16 or DType.F8E4M3
         self.n_group, self.topk_group = desc.n_group, desc.topk_group
         self.routed_scaling = desc.routed_scaling
         self.activation, self.w13_layout = activation, w13_layout
@@ -188,6 +278,9 @@ class MoE(_Resource):
 
     def _detail(self):
         extra = f" shared={self.shared_intermediate}" if self.shared_intermediate else ""
+        xd = getattr(self, "expert_dtype", DType.BF16)
+        if xd is not DType.BF16:
+            extra += f" experts={xd}"
         return (f"E={self.experts} k={self.top_k} H={self.hidden} I={self.intermediate}"
                 f"{extra}")
 

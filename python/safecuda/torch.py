@@ -1,7 +1,8 @@
 """safecuda for PyTorch (imported on use: `import safecuda.torch`; needs torch >= 2.4).
 
 - MoE: the fused Mixture-of-Experts layer as an nn.Module, over the model's own bf16 weight
-  tensors (borrowed through DLPack, never copied), callable on a bf16 CUDA tensor [..., H].
+  tensors, or float8_e4m3fn experts with the block scales of an FP8 checkpoint (borrowed
+  through DLPack, never copied), callable on a bf16 CUDA tensor [..., H].
   It runs on torch's current stream (wrapped as a safecuda stream), inside
   torch.cuda.graph captures (its workspace is reserved for max_tokens tokens when it is
   built: a forward of more tokens inside a capture is refused with CaptureError) and
@@ -46,6 +47,9 @@ from ._core import Buffer, Stream, default_context
 from ._dtype import DType, as_dtype
 from ._lib import fail, intern_c_string, lib, sc_borrow_desc, sc_view
 from ._moe import MoE as _MoE
+from ._torch_args import OPTIONAL_TENSORS as _OPTIONAL_TENSORS
+from ._torch_args import OPTIONS as _OPTIONS
+from ._torch_args import check_layer_args
 
 if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"safecuda.torch needs torch >= 2.4 (torch.library.custom_op); this is "
@@ -132,37 +136,6 @@ def as_tensor(view):
     return torch.utils.dlpack.from_dlpack(view)
 
 
-# The layer's options besides the three weights (MoE's keyword arguments), with their
-# defaults: those of safecuda.MoE.
-_OPTIONS = dict(n_group=0, topk_group=0, routed_scaling=0.0, activation="silu",
-                swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked", router_bias=None,
-                w13_bias=None, w2_bias=None, shared_intermediate=None, shared_w13=None,
-                shared_w2=None, shared_gate=None)
-_OPTIONAL_TENSORS = ("selection_bias", "router_bias", "w13_bias", "w2_bias", "shared_w13",
-                     "shared_w2", "shared_gate")
-
-
-def _check_weight(name, t, dtype, hint=""):
-    if not isinstance(t, Tensor):
-        raise TypeError(f"safecuda.torch.MoE: {name} must be a torch tensor, not "
-                        f"{type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"safecuda.torch.MoE: {name} is on {t.device}, not a CUDA device")
-    if t.dtype != dtype:
-        what = "bfloat16 weights" if dtype == torch.bfloat16 else f"{name} as {dtype}"
-        raise TypeError(f"safecuda.torch.MoE: {name} is {t.dtype}; the layer takes {what}"
-                        f"{hint}")
-    if not t.is_contiguous():
-        raise ValueError(f"safecuda.torch.MoE: {name} is not contiguous; the layer borrows "
-                         f"the weights without copying them: pass {name}.contiguous()")
-
-
-def _check_shape(name, t, shape, meaning):
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"safecuda.torch.MoE: {name} must be {meaning} = "
-                         f"{list(shape)}; got {list(t.shape)}")
-
-
 class _Layer:
     """One safecuda MoE layer over borrowed torch weights, and the per-call borrows."""
 
@@ -173,79 +146,11 @@ class _Layer:
         if unknown:
             raise TypeError(f"safecuda.torch.MoE: unknown option(s) {sorted(unknown)}")
         opts.update(options)
-        tensors = {"router_weight": router, "w13": w13, "w2": w2}
-        for name, t in tensors.items():
-            _check_weight(name, t, torch.bfloat16)
-        if router.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-            raise ValueError(f"safecuda.torch.MoE: shapes router_weight [E, H], w13 [E, 2I, H], "
-                             f"w2 [E, H, I] expected; got {tuple(router.shape)}, "
-                             f"{tuple(w13.shape)}, {tuple(w2.shape)}")
-        E, H = router.shape
-        I_ = w2.shape[2]
-        if tuple(w13.shape) != (E, 2 * I_, H) or tuple(w2.shape) != (E, H, I_):
-            raise ValueError(f"safecuda.torch.MoE: with router_weight [E={E}, H={H}] and w2 "
-                             f"[.., .., I={I_}], w13 must be [{E}, {2 * I_}, {H}] and w2 "
-                             f"[{E}, {H}, {I_}]; got {tuple(w13.shape)} and "
-                             f"{tuple(w2.shape)}")
-        devices = {t.device for t in tensors.values()}
-        if selection_bias is not None:
-            if not isinstance(selection_bias, Tensor) or \
-                    selection_bias.dtype != torch.float32 or \
-                    tuple(selection_bias.shape) != (E,):
-                raise ValueError(f"safecuda.torch.MoE: selection_bias must be float32 [{E}]; "
-                                 f"got {getattr(selection_bias, 'dtype', type(selection_bias))} "
-                                 f"{tuple(getattr(selection_bias, 'shape', ()))}")
-            devices.add(selection_bias.device)
-            selection_bias = selection_bias.contiguous()
-        # The biases (float32) and the shared expert (bfloat16).
-        f32 = " (pass .float())"
-        for name, shape, meaning in (("router_bias", (E,), "[E]"),
-                                     ("w13_bias", (E, 2 * I_), "[E, 2I]"),
-                                     ("w2_bias", (E, H), "[E, H]")):
-            t = opts[name]
-            if t is not None:
-                _check_weight(name, t, torch.float32, f32)
-                _check_shape(name, t, shape, meaning)
-                devices.add(t.device)
-        sw13, sw2, sgate = opts["shared_w13"], opts["shared_w2"], opts["shared_gate"]
-        if (sw13 is None) != (sw2 is None):
-            raise ValueError("safecuda.torch.MoE: shared_w13 and shared_w2 are given together "
-                             "(the shared expert's [2 I_s, H] and [H, I_s] weights)")
-        if sgate is not None and sw13 is None:
-            raise ValueError("safecuda.torch.MoE: shared_gate scales the shared expert's "
-                             "output: give shared_w13 and shared_w2 too")
-        S = opts["shared_intermediate"]
-        if sw13 is not None:
-            _check_weight("shared_w13", sw13, torch.bfloat16)
-            _check_weight("shared_w2", sw2, torch.bfloat16)
-            if sw2.dim() != 2:
-                raise ValueError(f"safecuda.torch.MoE: shared_w2 must be [H, I_s]; got "
-                                 f"{list(sw2.shape)}")
-            if S is None:
-                S = int(sw2.shape[1])
-            _check_shape("shared_w2", sw2, (H, S), "[H, I_s]")
-            _check_shape("shared_w13", sw13, (2 * S, H), "[2 I_s, H]")
-            devices.update((sw13.device, sw2.device))
-            if sgate is not None:
-                _check_weight("shared_gate", sgate, torch.bfloat16)
-                if sgate.numel() != H:
-                    raise ValueError(f"safecuda.torch.MoE: shared_gate must hold H = {H} "
-                                     f"elements ([H], or a Linear(H, 1)'s weight [1, H]); "
-                                     f"got {list(sgate.shape)}")
-                sgate = sgate.reshape(H)
-                devices.add(sgate.device)
-        elif S:
-            raise ValueError(f"safecuda.torch.MoE: shared_intermediate = {S} without "
-                             f"shared_w13 and shared_w2")
-        opts["shared_intermediate"] = S
-        opts["shared_gate"] = sgate
-        if len(devices) != 1:
-            raise ValueError(f"safecuda.torch.MoE: the weights are on several devices: "
-                             f"{sorted(str(d) for d in devices)}")
-        dev = router.device
+        a = check_layer_args(router, w13, w2, selection_bias, opts, backend)
+        opts, selection_bias = a.opts, a.selection_bias
+        dev = a.device
         self.device = dev
         self.ctx = ctx = default_context(dev.index)
-        stream = Stream.from_torch(torch.cuda.current_stream(dev), context=ctx)
         self.buffers = []
         named = {"router": router, "w13": w13, "w2": w2, "selection_bias": selection_bias}
         named.update((n, opts[n]) for n in _OPTIONAL_TENSORS if n != "selection_bias")
@@ -255,10 +160,11 @@ class _Layer:
                 if t is None:
                     borrowed[name] = None
                     continue
-                # detach(): the same storage, without the autograd record that keeps
-                # torch from exporting a parameter.
-                b = Buffer.from_dlpack(t.detach(), context=ctx, stream=stream, read_only=True,
-                                       label=f"{label or 'torch MoE'} {name}")
+                # On torch's current stream, read-only, fp8 as its uint8 bits (as_buffer
+                # detaches: the same storage, without the autograd record that keeps torch
+                # from exporting a parameter).
+                b = as_buffer(t, context=ctx, read_only=True,
+                              label=f"{label or 'torch MoE'} {name}")
                 self.buffers.append(b)
                 borrowed[name] = b
             kw = {n: opts[n] for n in _OPTIONS}
@@ -268,12 +174,15 @@ class _Layer:
                             selection_bias=borrowed["selection_bias"], max_tokens=max_tokens,
                             label=label, backend=backend, **kw)
             if max_tokens:
-                self.moe.reserve(max_tokens, stream=stream)
+                self.moe.reserve(max_tokens,
+                                 stream=Stream.from_torch(torch.cuda.current_stream(dev),
+                                                          context=ctx))
         except BaseException:
             self.close()
             raise
-        self.E, self.H, self.I, self.top_k = int(E), int(H), int(I_), int(top_k)
-        self.shared_intermediate = int(S or 0)
+        self.E, self.H, self.I, self.top_k = a.E, a.H, a.I, int(top_k)
+        self.shared_intermediate = a.S
+        self.expert_dtype = a.expert_dtype
         self.max_tokens = int(max_tokens)
         self.tensors = (router, w13, w2, selection_bias)
         self.named = {"router_weight": router, "w13": w13, "w2": w2,
@@ -628,10 +537,23 @@ class MoE(torch.nn.Module):
             w13_layout), w2_bias=None (float32 [E, H]),
             shared_w13=None (bf16 [2 I_s, H], in w13_layout), shared_w2=None (bf16
             [H, I_s]), shared_gate=None (bf16 [H] or [1, H]), shared_intermediate=None
-            (I_s: read from shared_w2))
+            (I_s: read from shared_w2),
+            # fp8 experts (w13, w2, shared_w13, shared_w2 float8_e4m3fn): their scales
+            w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None)
 
     bf16 CUDA weights, contiguous, on one device, borrowed without a copy (so are the
-    float32 biases and the shared expert's weights). forward(x) takes a bf16 CUDA tensor
+    float32 biases and the shared expert's weights).
+
+    fp8 experts, as a transformers fine-grained FP8 (DeepSeek-V3) checkpoint holds them:
+    w13, w2 (and shared_w13, shared_w2) torch.float8_e4m3fn, each 128 x 128 block of a
+    weight matrix with one float32 scale (the checkpoint's weight_scale_inv: weight = e4m3
+    value x scale): w13_scale [E, 2I/128, H/128] (W13's row blocks in w13_layout order),
+    w2_scale [E, H/128, I/128], shared_w13_scale [2 I_s/128, H/128], shared_w2_scale
+    [H/128, I_s/128]. H and I are multiples of 128; the router, shared gate, biases, x and
+    the output stay as above. The layer quantizes x per token and h per row, in blocks of
+    128 channels (scale = amax / 448), and runs e4m3 tensor-core GEMMs: compute capability
+    9.0 (H100, H200) only. Every weight argument is checked (dtype, shape, contiguity,
+    device) before anything is borrowed: TypeError or ValueError naming it. forward(x) takes a bf16 CUDA tensor
     [..., H] and returns a new one of its shape; forward(x, return_routing=True) also
     gives the expert ids and weights [T, k] (T = the tokens of x). max_tokens: the
     workspace reserved now, the most tokens a forward may take inside a CUDA graph
@@ -665,6 +587,7 @@ class MoE(torch.nn.Module):
         self.top_k, self.scoring, self.renormalize = layer.top_k, scoring, bool(renormalize)
         self.max_tokens = layer.max_tokens
         self.shared_intermediate = layer.shared_intermediate
+        self.expert_dtype = layer.expert_dtype  # torch.bfloat16 or torch.float8_e4m3fn
         m = layer.moe
         self.n_group, self.topk_group = m.n_group, m.topk_group
         self.routed_scaling, self.activation, self.w13_layout = \
@@ -714,6 +637,22 @@ class MoE(torch.nn.Module):
     @property
     def shared_gate(self):
         return self._named["shared_gate"]
+
+    @property
+    def w13_scale(self):
+        return self._named["w13_scale"]
+
+    @property
+    def w2_scale(self):
+        return self._named["w2_scale"]
+
+    @property
+    def shared_w13_scale(self):
+        return self._named["shared_w13_scale"]
+
+    @property
+    def shared_w2_scale(self):
+        return self._named["shared_w2_scale"]
 
     @property
     def safecuda_layer(self):
@@ -830,6 +769,8 @@ class MoE(torch.nn.Module):
             extra += f", w13_layout={self.w13_layout}"
         if self.shared_intermediate:
             extra += f", shared_intermediate={self.shared_intermediate}"
+        if self.expert_dtype != torch.bfloat16:
+            extra += f", experts={str(self.expert_dtype).replace('torch.', '')}"
         return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden}, "
                 f"intermediate={self.intermediate}, scoring={self.scoring}, "
                 f"renormalize={self.renormalize}{extra}, max_tokens={self.max_tokens}, "

@@ -2,7 +2,12 @@
 option of the v2 desc (grouped routing, routed scaling, router bias, the activations, the
 W13 layouts, biases, the shared expert and its gate), the caller's routing and the
 accumulation. The math is float32 throughout (no intermediate bf16 rounding): compare the
-layer's bf16 output with a bf16 tolerance (rel_l2)."""
+layer's bf16 output with a bf16 tolerance (rel_l2).
+
+fp8 experts: quantize_fp8_blocks makes a checkpoint's e4m3 weights and 128 x 128 block
+scales from bf16 ones, dequantize_fp8_blocks the float32 weights they stand for, and
+quantize_fp8_rows the layer's quantization of x and h (per row per 128 channels), which
+moe_reference applies with act_quant=quantize_fp8_rows."""
 
 import math
 
@@ -88,30 +93,82 @@ def activate(torch, g, u, activation="silu", swiglu_alpha=None, swiglu_limit=Non
 
 
 def expert_mlp(torch, xf, w13, w2, inter, *, b13=None, b2=None, activation="silu",
-               swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked"):
-    """y = act(x Wg^T + bg, x Wu^T + bu) W2^T + b2 for one expert (f32)."""
+               swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked", act_quant=None):
+    """y = act(x Wg^T + bg, x Wu^T + bu) W2^T + b2 for one expert (f32); act_quant: h
+    quantized (and dequantized) with it before W2."""
     wg, wu = split_w13(w13.float(), inter, w13_layout)
     g = xf @ wg.t()
     u = xf @ wu.t()
     if b13 is not None:
         bg, bu = split_bias(b13.float(), inter, w13_layout)
         g, u = g + bg, u + bu
-    y = activate(torch, g, u, activation, swiglu_alpha, swiglu_limit) @ w2.float().t()
+    h = activate(torch, g, u, activation, swiglu_alpha, swiglu_limit)
+    if act_quant is not None:
+        h = act_quant(torch, h)
+    y = h @ w2.float().t()
     return y + b2.float() if b2 is not None else y
+
+
+# ---- fp8: the checkpoints' block quantization and the layer's ------------------------------
+
+FP8_MAX = 448.0  # the largest finite e4m3fn value
+
+
+def _block_scale(torch, amax):
+    """(scale, inverse) of blocks whose largest magnitude is amax: amax / 448 and 448 /
+    amax, 1 and 1 where amax is 0 (float32, as the layer computes them)."""
+    zero = amax == 0
+    one = torch.ones_like(amax)
+    scale = torch.where(zero, one, amax / FP8_MAX)
+    inv = torch.where(zero, one, FP8_MAX / torch.where(zero, one, amax))
+    return scale, inv
+
+
+def quantize_fp8_blocks(torch, w, block=128):
+    """A weight [..., R, C] (R and C multiples of block) as an FP8 checkpoint holds it:
+    (e4m3 [..., R, C], float32 scales [..., R/block, C/block]), each block's scale its
+    largest magnitude / 448 and its values rounded (to nearest even) from v * (448 /
+    amax): weight ~ e4m3 value x scale."""
+    *lead, R, C = w.shape
+    blocks = w.float().reshape(*lead, R // block, block, C // block, block)
+    amax = blocks.abs().amax(dim=(-3, -1), keepdim=True)
+    scale, inv = _block_scale(torch, amax)
+    q = (blocks * inv).to(torch.float8_e4m3fn).reshape(*lead, R, C)
+    return q, scale.reshape(*lead, R // block, C // block).contiguous()
+
+
+def dequantize_fp8_blocks(torch, q, scale, block=128):
+    """The float32 weight an e4m3 weight [..., R, C] and its block scales stand for."""
+    s = scale.float().repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
+    return q.float() * s
+
+
+def quantize_fp8_rows(torch, v, block=128):
+    """v [..., N] (float32) quantized as the layer quantizes x and h, per row per block
+    channels (N a multiple of block): each value's dequantized e4m3 value, float32."""
+    *lead, N = v.shape
+    b = v.float().reshape(*lead, N // block, block)
+    scale, inv = _block_scale(torch, b.abs().amax(dim=-1, keepdim=True))
+    # torch's float8_e4m3fn cast rounds to nearest even and does not saturate (from 480 up
+    # it gives NaN); |v * inv| <= 448 (times 1 + 2^-23) here, so nothing is lost.
+    return ((b * inv).to(torch.float8_e4m3fn).float() * scale).reshape(v.shape)
 
 
 def moe_reference(torch, x, router, w13, w2, top_k, scoring="softmax", renormalize=True,
                   bias=None, ids=None, *, weights=None, router_bias=None, n_group=0,
                   topk_group=0, routed_scaling=0.0, activation="silu", swiglu_alpha=None,
                   swiglu_limit=None, w13_layout="stacked", w13_bias=None, w2_bias=None,
-                  shared_w13=None, shared_w2=None, shared_gate=None, accumulate=None):
+                  shared_w13=None, shared_w2=None, shared_gate=None, accumulate=None,
+                  act_quant=None):
     """out [T, H] f32 (and the ids and weights used).
 
     ids: use this choice of experts (the tested layer's) instead of the reference's own,
     where near-ties could order them differently; the weights are then the reference's
     scores of those experts (renormalized, scaled). ids and weights together: the
     caller's routing, used as given (an id < 0 is a padded slot, an id >= E is skipped).
-    accumulate: a [T, H] tensor the output is added to."""
+    accumulate: a [T, H] tensor the output is added to. act_quant: the experts' inputs
+    (x) and h quantized with it (quantize_fp8_rows: the fp8 layer's), the router and the
+    shared gate taking x as it is; give the fp8 layer's weights dequantized."""
     E = router.shape[0]
     if weights is not None:
         if ids is None:
@@ -126,23 +183,24 @@ def moe_reference(torch, x, router, w13, w2, top_k, scoring="softmax", renormali
         ids = ids.long()
         w = routing_weights(torch, scores, ids, renormalize, routed_scaling)
     xf = x.float()
+    xe = xf if act_quant is None else act_quant(torch, xf)  # the experts' input
     out = torch.zeros_like(xf)
     I_ = w2.shape[2]
     for e in torch.unique(ids).tolist():
         if e < 0 or e >= E:
             continue  # a padded slot, or a bad id the layer skips
         tok, slot = torch.where(ids == e)
-        y = expert_mlp(torch, xf[tok], w13[e], w2[e], I_,
+        y = expert_mlp(torch, xe[tok], w13[e], w2[e], I_,
                        b13=None if w13_bias is None else w13_bias[e],
                        b2=None if w2_bias is None else w2_bias[e], activation=activation,
                        swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                       w13_layout=w13_layout)
+                       w13_layout=w13_layout, act_quant=act_quant)
         out.index_add_(0, tok, y * w[tok, slot, None])
     if shared_w13 is not None:
         I_s = shared_w2.shape[1]
-        ys = expert_mlp(torch, xf, shared_w13, shared_w2, I_s, activation=activation,
+        ys = expert_mlp(torch, xe, shared_w13, shared_w2, I_s, activation=activation,
                         swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                        w13_layout=w13_layout)
+                        w13_layout=w13_layout, act_quant=act_quant)
         if shared_gate is not None:
             ys = ys * torch.sigmoid(xf @ shared_gate.float().reshape(-1, 1))
         out = out + ys
