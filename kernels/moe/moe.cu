@@ -503,9 +503,8 @@ __device__ __forceinline__ int slot_expert(const int *ids, const float *weights,
 // columns (routed experts, then the shared gate) and up to SC_MOE_ROUTE_TOKENS tokens; the
 // last block to finish (a ticket counter, reset by that block for the next launch) then does
 // what the separate kernels do for many tokens: scores and top-k, the counts, the row and
-// tile offsets, the permutation, and x in expert order (gather 1: bf16 rows; 2: fp8 experts,
-// rows quantized into e4m3 with their scales in x_scale; 0: a separate launch). Nothing
-// needs zeroing beforehand.
+// tile offsets, the permutation, and (gather != 0) x in expert order. Nothing needs zeroing
+// beforehand.
 
 __device__ __forceinline__ float dot8(uint4 a, uint4 b)
 {
@@ -589,56 +588,12 @@ __device__ __forceinline__ void small_logits(const bf16_t *x, const bf16_t *wg, 
     }
 }
 
-// fp8 experts: one row of x quantized by one warp: per 128 channels the largest magnitude
-// amax, the scale amax / 448 (1 when amax is 0) into x_scale [H / 128][rows_cap] at row q,
-// and e4m3(x * (448 / amax)) into x_q's row (each lane 4 channels of each 128).
-__device__ __forceinline__ void quantize_row_fp8(const bf16_t *src_row, unsigned char *dst_row,
-                                                 float *x_scale, long long q, int H,
-                                                 int rows_cap, int lane)
-{
-    const uint2 *src = reinterpret_cast<const uint2 *>(src_row);
-    unsigned *dst = reinterpret_cast<unsigned *>(dst_row);
-    for (int b = 0; b < H / 128; b++) {
-        const uint2 v = src[b * 32 + lane];
-        float f[4];
-        f[0] = __uint_as_float(v.x << 16);
-        f[1] = __uint_as_float(v.x & 0xffff0000u);
-        f[2] = __uint_as_float(v.y << 16);
-        f[3] = __uint_as_float(v.y & 0xffff0000u);
-        float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float inv = amax > 0.f ? __fdiv_rn(448.f, amax) : 1.f;
-        const unsigned short lo = pack_e4m3x2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv));
-        const unsigned short hi = pack_e4m3x2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv));
-        dst[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
-        if (lane == 0)
-            x_scale[(long long)b * rows_cap + q] = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-    }
-}
-
-// fp8 experts: x gathered into expert order and quantized on the way (quantize_row_fp8),
-// one warp per row.
-extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *row_offsets,
-                                             const bf16_t *x, unsigned char *x_q,
-                                             float *x_scale, int rows, int groups, int H,
-                                             int rows_cap)
-{
-    griddep_enter();
-    const long long q = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (q >= rows || q >= row_offsets[groups])
-        return;
-    quantize_row_fp8(x + (long long)perm_token[q] * H, x_q + q * H, x_scale, q, H, rows_cap,
-                     lane);
-}
-
 extern "C" __global__ void __launch_bounds__(SC_MOE_ROUTE_THREADS)
 sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const float *sel_bias,
                    const float *router_bias, float *logits, int *ids, float *weights,
                    float *shared_w, int *row_offsets, int *tile_offsets, int *perm_token,
-                   float *perm_weight, int *pos, bf16_t *x_perm, float *x_scale,
-                   unsigned *ticket, int H, int rows_cap, int gather, sc_moe_route_params p)
+                   float *perm_weight, int *pos, bf16_t *x_perm, unsigned *ticket, int H,
+                   int gather, sc_moe_route_params p)
 {
     griddep_enter();
     const int T = p.T, E = p.E, k = p.k, cols = p.logit_cols;
@@ -688,18 +643,13 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
         pos[i] = q;
     }
     __syncthreads();
-    if (gather == 1) // bf16: x in expert order
+    if (gather)
         for (int q = warp; q < row_offsets[groups]; q += NW) {
             const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[q] * H);
             uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
             for (int c = lane; c < H / 8; c += 32)
                 dst[c] = src[c];
         }
-    else if (gather == 2) // fp8 experts: quantized on the way (x_perm holds e4m3 rows)
-        for (int q = warp; q < row_offsets[groups]; q += NW)
-            quantize_row_fp8(x + (long long)perm[q] * H,
-                             reinterpret_cast<unsigned char *>(x_perm) + (long long)q * H,
-                             x_scale, q, H, rows_cap, lane);
     if (threadIdx.x == 0)
         *ticket = 0u;
 }
@@ -728,6 +678,41 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
     uint4 *dst = reinterpret_cast<uint4 *>(x_perm + q * H);
     for (int c = lane; c < H / 8; c += 32)
         dst[c] = src[c];
+}
+
+// fp8 experts: x gathered into expert order and quantized on the way, one warp per row:
+// per 128 channels the largest magnitude amax, the scale amax / 448 (1 when amax is 0) into
+// x_scale [H / 128][rows_cap], and e4m3(x * (448 / amax)) into x_q [rows, H].
+extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *row_offsets,
+                                             const bf16_t *x, unsigned char *x_q,
+                                             float *x_scale, int rows, int groups, int H,
+                                             int rows_cap)
+{
+    griddep_enter();
+    const long long q = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (q >= rows || q >= row_offsets[groups])
+        return;
+    // Each lane takes 4 channels (8 bytes) of each 128.
+    const uint2 *src = reinterpret_cast<const uint2 *>(x + (long long)perm_token[q] * H);
+    unsigned *dst = reinterpret_cast<unsigned *>(x_q + q * H);
+    for (int b = 0; b < H / 128; b++) {
+        const uint2 v = src[b * 32 + lane];
+        float f[4];
+        f[0] = __uint_as_float(v.x << 16);
+        f[1] = __uint_as_float(v.x & 0xffff0000u);
+        f[2] = __uint_as_float(v.y << 16);
+        f[3] = __uint_as_float(v.y & 0xffff0000u);
+        float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float inv = amax > 0.f ? __fdiv_rn(448.f, amax) : 1.f;
+        const unsigned short lo = pack_e4m3x2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv));
+        const unsigned short hi = pack_e4m3x2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv));
+        dst[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
+        if (lane == 0)
+            x_scale[(long long)b * rows_cap + q] = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+    }
 }
 
 // ---- offsets: rows and tiles per group (one block) ---------------------------------------

@@ -542,7 +542,7 @@ static sc_status issue_route_small(const forward *f)
     const sc_moe_desc *d = &f->m->desc;
     const sci_moe_plan *p = f->p;
     const sc_kernel *kn = f->m->kernels;
-    const bool sm90 = f->m->cfg.backend == SC_MOE_BACKEND_SM90, fp8 = f->m->cfg.fp8;
+    const bool sm90 = f->m->cfg.backend == SC_MOE_BACKEND_SM90;
     const sc_moe_route_params rp = route_params(f, 1);
     sc_status s;
     if ((s = step(f->st, "route (small T)")) != SC_OK ||
@@ -557,12 +557,11 @@ static sc_status issue_route_small(const forward *f)
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_out(ws(f, !sm90 ? SCI_MOE_W_H : fp8 ? SCI_MOE_W_XQ : SCI_MOE_W_XPERM)),
-                       sc_arg_out(ws(f, fp8 ? SCI_MOE_W_XS : SCI_MOE_W_NO_BIAS)),
+                       sc_arg_out(ws(f, !sm90                ? SCI_MOE_W_H
+                                        : f->m->cfg.fp8 ? SCI_MOE_W_XQ /* (not written) */
+                                                        : SCI_MOE_W_XPERM)),
                        sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32(d->hidden),
-                       sc_arg_i32(rows_cap(f->m)),
-                       sc_arg_i32(p->route_gathers ? (fp8 ? 2 : 1) : 0),
-                       sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
+                       sc_arg_i32(p->route_gathers), sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
         return s;
     if (p->gather.grid.x == 0)
         return SC_OK;
