@@ -680,39 +680,37 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
         dst[c] = src[c];
 }
 
-// fp8 experts: x gathered into expert order and quantized on the way, one warp per row:
-// per 128 channels the largest magnitude amax, the scale amax / 448 (1 when amax is 0) into
-// x_scale [H / 128][rows_cap], and e4m3(x * (448 / amax)) into x_q [rows, H].
+// fp8 experts: x gathered into expert order and quantized on the way, one warp per row and
+// 128 channels (row q = warp / (H / 128), block b = warp % (H / 128)): the block's largest
+// magnitude amax, the scale amax / 448 (1 when amax is 0) into x_scale [H / 128][rows_cap],
+// and e4m3(x * (448 / amax)) into x_q [rows, H] (each lane 4 channels).
 extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *row_offsets,
                                              const bf16_t *x, unsigned char *x_q,
                                              float *x_scale, int rows, int groups, int H,
                                              int rows_cap)
 {
     griddep_enter();
-    const long long q = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
+    const int nb = H / 128;
+    const long long w = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long q = w / nb;
+    const int b = (int)(w - q * nb), lane = threadIdx.x & 31;
     if (q >= rows || q >= row_offsets[groups])
         return;
-    // Each lane takes 4 channels (8 bytes) of each 128.
-    const uint2 *src = reinterpret_cast<const uint2 *>(x + (long long)perm_token[q] * H);
-    unsigned *dst = reinterpret_cast<unsigned *>(x_q + q * H);
-    for (int b = 0; b < H / 128; b++) {
-        const uint2 v = src[b * 32 + lane];
-        float f[4];
-        f[0] = __uint_as_float(v.x << 16);
-        f[1] = __uint_as_float(v.x & 0xffff0000u);
-        f[2] = __uint_as_float(v.y << 16);
-        f[3] = __uint_as_float(v.y & 0xffff0000u);
-        float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float inv = amax > 0.f ? __fdiv_rn(448.f, amax) : 1.f;
-        const unsigned short lo = pack_e4m3x2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv));
-        const unsigned short hi = pack_e4m3x2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv));
-        dst[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
-        if (lane == 0)
-            x_scale[(long long)b * rows_cap + q] = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-    }
+    const uint2 v = reinterpret_cast<const uint2 *>(x + (long long)perm_token[q] * H)[b * 32 + lane];
+    float f[4];
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float inv = amax > 0.f ? __fdiv_rn(448.f, amax) : 1.f;
+    const unsigned short lo = pack_e4m3x2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv));
+    const unsigned short hi = pack_e4m3x2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv));
+    reinterpret_cast<unsigned *>(x_q + q * H)[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
+    if (lane == 0)
+        x_scale[(long long)b * rows_cap + q] = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
 }
 
 // ---- offsets: rows and tiles per group (one block) ---------------------------------------

@@ -65,7 +65,8 @@
  * distributed shared memory before quantizing h); 1 for bf16. large is for prefill, small
  * streams weights for decode, medium and wide are for tuning comparisons; fp8_split is the
  * fp8 decode tile when the W13 tiles would not fill the SMs (twice the CTAs per tile);
- * fp8_narrow (BN 64, four passes, two CTAs per SM) is for tuning comparisons. */
+ * fp8_narrow (BN 64, four passes, two CTAs per SM) is the fp8 decode tile up to
+ * SC_MOE_FP8_NARROW_MAX_TILES W13 tiles, fp8_small beyond (DeepSeek-V3 sizes). */
 #define SC_MOE_SM90_TILES(X)                                                                \
     X(LARGE, large, BF16, 2, 256, 4, 64, 1, 1)                                              \
     X(SMALL, small, BF16, 1, 64, 4, 8, 3, 1)                                                \
@@ -79,6 +80,7 @@
  * cluster-split tile while the W13 tiles of the experts a forward can use (min(T k, E) + the
  * shared chunks, times I / 128) are fewer than the SMs. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
+#define SC_MOE_FP8_NARROW_MAX_TILES 2048
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
  * and tile offsets, and (fp8 W13 split over a cluster) the rows' largest magnitudes and
  * the two barriers of their exchange. */
@@ -87,7 +89,7 @@
      2 * (SC_MOE_MAX_GROUPS + 1) * 4 + ((SPLIT) > 1 ? (CONS) * 64 * 4 + 32 : 0))
 /* fp8 experts: 128 x 128 weight blocks, activations scaled per row per 128 channels. */
 #define SC_MOE_FP8_BLOCK 128
-#define SC_MOE_GATHER_FP8_WARPS 8 /* x gathered and quantized: one warp per row */
+#define SC_MOE_GATHER_FP8_WARPS 8 /* x gathered and quantized: a warp per row and 128 */
 #define SC_MOE_COMBINE_THREADS 256
 
 /* The routing's parameters: one kernel argument (by value) of the routing kernels. */

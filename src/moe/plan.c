@@ -182,8 +182,9 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
     const sc_launch_desc warp_per_row = launch(ceil_div(rows, SC_MOE_SCATTER_WARPS), 1, 1,
                                                32 * SC_MOE_SCATTER_WARPS, 0, pdl);
     /* fp8 experts: x is gathered and quantized by its own kernel after the permutation */
-    const sc_launch_desc gather_fp8 = launch(ceil_div(rows, SC_MOE_GATHER_FP8_WARPS), 1, 1,
-                                             32 * SC_MOE_GATHER_FP8_WARPS, 0, pdl);
+    const sc_launch_desc gather_fp8 =
+        launch(ceil_div(rows * ((uint64_t)c->hidden / SC_MOE_FP8_BLOCK), SC_MOE_GATHER_FP8_WARPS),
+               1, 1, 32 * SC_MOE_GATHER_FP8_WARPS, 0, pdl);
     if (T <= SC_MOE_ROUTE_SMALL_MAX_T && !caller) {
         p->route_small = true;
         p->route_gathers = sm90 && !c->fp8 &&
@@ -230,7 +231,13 @@ static int sm90_tile_for(const sci_moe_config *c, uint64_t T)
         const uint64_t slots = T * (uint64_t)c->top_k, E = (uint64_t)c->experts;
         const uint64_t tiles = ((slots < E ? slots : E) + (uint64_t)c->shared) *
                                ((uint64_t)c->intermediate / SC_MOE_FP8_BLOCK);
-        return tiles < (uint64_t)c->sm_count ? SCI_MOE_TILE_FP8_SPLIT : SCI_MOE_TILE_FP8_SMALL;
+        /* Measured on the H100 (docs/BENCHMARKS.md): two CTAs per tile while the tiles
+         * would not fill the SMs; the narrow tile (two CTAs per SM) up to
+         * SC_MOE_FP8_NARROW_MAX_TILES tiles; the small one (deeper stages per CTA) for more. */
+        if (tiles < (uint64_t)c->sm_count)
+            return SCI_MOE_TILE_FP8_SPLIT;
+        return tiles < SC_MOE_FP8_NARROW_MAX_TILES ? SCI_MOE_TILE_FP8_NARROW
+                                                   : SCI_MOE_TILE_FP8_SMALL;
     }
     if (rows_per_expert <= SC_MOE_SM90_SMALL_MAX_ROWS)
         return SCI_MOE_TILE_SMALL;

@@ -481,6 +481,7 @@ static void test_shared_and_caller_routing(void)
 enum {
     SMEM_FP8_SMALL = 1024 + 8 * (8192 + 16384) + 128 + 4232,            /* CONS 1, BN 128, 8 */
     SMEM_FP8_SPLIT = SMEM_FP8_SMALL + 256 + 32, /* + the rows' amax, 2 barriers */
+    SMEM_FP8_NARROW = 1024 + 6 * (8192 + 8192) + 96 + 4232,             /* CONS 1, BN 64, 6 */
     SMEM_FP8_LARGE = 1024 + 6 * (16384 + 16384) + 96 + 4232,            /* CONS 2, BN 128, 6 */
 };
 
@@ -489,19 +490,26 @@ static void test_fp8(void)
     sci_moe_config c = config(256, 8, 7168, 2048, SC_MOE_BACKEND_SM90);
     c.fp8 = true;
     /* T = 1: routing in one launch without the gather; gather + quantize, a warp per row
-     * (8 rows: one block of 8 warps); the fp8 small tile (8 experts x 2048 / 128 = 128 W13
+     * and 128 channels (8 rows x 56: 56 blocks of 8 warps); the fp8 small tile (8 experts x 2048 / 128 = 128 W13
      * tiles: not fewer than the 132 SMs... by 4), one CTA per SM. */
     sci_moe_plan p = plan(&c, 1);
     CHECK(p.route_small && !p.route_gathers);
-    CHECK_LAUNCH(p.gather, 1, 1, 1, 256, 0);
+    CHECK_LAUNCH(p.gather, 56, 1, 1, 256, 0);
     CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_SPLIT);
-    c.shared = 1; /* 9 x 16 = 144 tiles: enough */
-    CHECK_EQ(plan(&c, 1).tile, SCI_MOE_TILE_FP8_SMALL);
+    c.shared = 1; /* 9 x 16 = 144 tiles: the narrow tile, two CTAs per SM */
+    CHECK_EQ(plan(&c, 1).tile, SCI_MOE_TILE_FP8_NARROW);
     p = plan(&c, 1);
+    CHECK_EQ(p.k13, SCI_MOE_K_W13_FP8_NARROW);
+    CHECK_EQ(p.k2, SCI_MOE_K_W2_FP8_NARROW);
+    CHECK_LAUNCH(p.w13, 264, 1, 1, 256, SMEM_FP8_NARROW);
+    CHECK_EQ(p.w13.cluster.x, 0);
+    CHECK_LAUNCH(p.w2, 264, 1, 1, 256, SMEM_FP8_NARROW);
+    /* T = 16: (128 + 1) x 16 = 2064 tiles: the small tile, one CTA per SM */
+    p = plan(&c, 16);
+    CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_SMALL);
     CHECK_EQ(p.k13, SCI_MOE_K_W13_FP8_SMALL);
     CHECK_EQ(p.k2, SCI_MOE_K_W2_FP8_SMALL);
     CHECK_LAUNCH(p.w13, 132, 1, 1, 256, SMEM_FP8_SMALL);
-    CHECK_EQ(p.w13.cluster.x, 0);
     CHECK_LAUNCH(p.w2, 132, 1, 1, 256, SMEM_FP8_SMALL);
     /* A small layer (I = 768: 6 tiles per expert): 8 x 6 = 48 W13 tiles at T = 1, in
      * clusters of 2 CTAs sharing each tile's 128 columns of h; W2 without a cluster. */
@@ -514,13 +522,13 @@ static void test_fp8(void)
     CHECK_EQ(p.w13.cluster.x, 2);
     CHECK_EQ(p.w13.cluster.y, 1);
     CHECK_EQ(p.w2.cluster.x, 0);
-    CHECK_EQ(plan(&c2, 16).tile, SCI_MOE_TILE_FP8_SMALL); /* 128 x 6 tiles */
+    CHECK_EQ(plan(&c2, 16).tile, SCI_MOE_TILE_FP8_NARROW); /* 128 x 6 tiles */
     /* T = 4096: routing in steps, the scatter alone (no bf16 gather), then gather + quantize
      * over 32768 rows (4096 blocks); the large tile, W13 in 66 clusters of 2. */
     p = plan(&c, 4096);
     CHECK(!p.route_small);
     CHECK_LAUNCH(p.scatter, 32768 / 256, 1, 1, 256, 0);
-    CHECK_LAUNCH(p.gather, 32768 / 8, 1, 1, 256, 0);
+    CHECK_LAUNCH(p.gather, 32768 * 56 / 8, 1, 1, 256, 0);
     CHECK_EQ(p.tile, SCI_MOE_TILE_FP8_LARGE);
     CHECK_LAUNCH(p.w13, 132, 1, 1, 384, SMEM_FP8_LARGE);
     CHECK_EQ(p.w13.cluster.x, 0);
