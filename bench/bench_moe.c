@@ -2,7 +2,7 @@
  *
  *   bench_moe [--out DIR] [--quick] [--configs NAME,...] [--tokens 1,16,64,...]
  *             [--backend auto|mma|sm90] [--inputs DIR | --save-inputs DIR]
- *             [--baseline FILE [--baseline-label NAME]]
+ *             [--baseline FILE [--baseline-label NAME]] [--fp8]
  *
  * Layers (bf16 weights and activations). The v1 shapes, unchanged, so that one run also
  * shows whether they got slower:
@@ -33,6 +33,23 @@
  * the peer skips its points that would not fit the same way. On an H100 (80 GB) every
  * point fits: kimi_k2 at T=32768 needs about 45 GB here and about 50 GB in the peer.
  * --quick: 1, 64, 4096; --tokens: the given counts for every layer.
+ *
+ * fp8 (--fp8). Each layer whose H, I and I_s are multiples of 128 (all but gpt_oss_120b,
+ * whose H = I = 2880: a line says so) runs twice: bf16 as above, then right after it its
+ * fp8 twin NAME-fp8: the same layer with sc_moe_desc.expert_dtype = SC_F8E4M3, its W13, W2
+ * and shared W13, W2 e4m3 with one f32 scale per 128 x 128 block (w13_scale [E, 2I/128,
+ * H/128], w2_scale [E, H/128, I/128], shared_w13_scale, shared_w2_scale), laid out like the
+ * bf16 layer's (separate buffers for the v1 layers; for the others the e4m3 tensors in one
+ * e4m3 allocation, the scales after the f32 vectors in the f32 one, each at the next 16-byte
+ * boundary). x and out stay bf16; the router, its f32 vectors, the shared gate and the
+ * expert biases are the bf16 layer's own numbers (copied to the host before its weights
+ * are freed), and each point's tokens are drawn again from the random state the bf16
+ * point drew them with, so both run on identical tokens and route alike (the router is
+ * bf16 in both; a point whose distinct experts differ says so in a note). The fp8 twins'
+ * other random numbers come from a stream of their own: the bf16 layers get the numbers
+ * they get without --fp8. fp8 experts need the SM90 backend (compute capability 9.0; on
+ * another device the twins are skipped with a line; --backend mma with --fp8 exits 2), and
+ * there is no file format for them (--fp8 with --inputs or --save-inputs exits 2).
  *
  * Inputs. The weights and tokens are random (below) unless --inputs DIR gives them: one
  * layer, measured on the weights and tokens of DIR, so that it is measured on the inputs
@@ -70,6 +87,11 @@
  *   weights take milliseconds instead of minutes of host random numbers. The f32 vectors
  *   are uniform, made on the host: selection bias in [-0.05, 0.05), router and expert
  *   biases in [-0.1, 0.1). Each layer's weights are freed before the next layer's are made.
+ *   fp8 twins (bench_moe_fp8.c): the e4m3 experts are cut the same way from one 32 MiB
+ *   block of N(0, 1) x 64 rounded to e4m3 (nearest, ties to even, as tests/fp8.h rounds;
+ *   never NaN, |v| < 448), and each block's scale is 1 / (64 sqrt(fan_in)) times a uniform
+ *   factor in [0.75, 1.25) (made on the host), so the dequantized weights have the bf16
+ *   weights' spread (within 2 %) while the scales differ from block to block.
  * - Experts used: for each input of a point, before its timing, one forward with
  *   sc_moe_forward_desc.expert_ids (the ids filled with -1 first) gives the experts the
  *   routing chose; D, the number of distinct routed experts among them, is that input's
@@ -95,10 +117,22 @@
  *     FLOPs = 2 T E H (router) + 2 T k 3 H I (routed experts) + 2 T 3 H I_s (shared expert)
  *           + 2 T H (gate row)
  *   (the element-wise work: scores, top-k, activations, bias adds, weights, the sum, is not
- *   counted). The memory rate is the larger of a 1 GiB read by a streaming kernel (bytes /
- *   time) and a 1 GiB sc_copy D2D (read + write bytes / time), each the median of 10
- *   measured in this run (a forward mostly reads, and reads outrun a copy's r+w rate); the matmul rate is the torch peer's bf16 8192^3 matmul in this
- *   run (a nominal figure from the device properties when the peer is unavailable).
+ *   counted). An fp8 twin's floor counts its e4m3 weights and their f32 block scales:
+ *     bytes = D x (3 H I x (1 + 4/16384) + the biases as above)   e4m3 + one f32 per block
+ *           + E H x 2 + E x 4 per f32 router vector       the router, bf16 as above
+ *           + 3 H I_s x (1 + 4/16384) + H x 2 with a gate row      the shared expert
+ *           + 2 T H x 2                                   x and out, bf16
+ *     FLOPs as above; their time = (2 T E H + 2 T H with a gate row) / the bf16 matmul rate
+ *           + (2 T k 3 H I + 2 T 3 H I_s) / the e4m3 matmul rate   (the router stays bf16)
+ *   and the floor is max(bytes / memory rate, that time). The memory rate is the larger
+ *   of a 1 GiB read by a streaming kernel (bytes / time) and a 1 GiB sc_copy D2D (read +
+ *   write bytes / time), each the median of 10 measured in this run (a forward mostly
+ *   reads, and reads outrun a copy's r+w rate); the matmul rate is the torch peer's bf16
+ *   8192^3 matmul in this run (a nominal figure from the device properties when the peer
+ *   is unavailable); the
+ *   e4m3 rate (--fp8) the peer's torch._scaled_mm of two e4m3 8192 x 8192 matrices
+ *   (per-tensor scales, out bf16, use_fast_accum=False; the fast-accumulation rate is
+ *   printed beside it, not used), or twice the bf16 nominal figure without it.
  *   Each timed forward is matched to its own input's floor: "% of floor" is the median, over
  *   the timed forwards, of (the floor of the forward's input / the forward's time), and
  *   "floor ms" the mean of those floors. No forward can beat its floor unless it moves
@@ -114,18 +148,32 @@
  *   scaling, router bias, the shared expert and its gate as dense matmuls, the activation,
  *   the biases; interleaved rows made stacked once, untimed), timed the same way (see the
  *   script). It stops measuring after a time budget (180 s; --quick 120 s): nan after.
+ *   With --fp8 (given to it as --fp8) it measures the e4m3 matmul rates first and, after
+ *   each layer, the same layer with e4m3 experts (NAME-fp8, same rules and budget): an
+ *   expert loop of torch._scaled_mm and a torch._scaled_grouped_mm layer, x and h
+ *   quantized per token and the weights scaled per output channel: ROWWISE scaling, the
+ *   finest torch 2.11's fp8 GEMMs take, not 128 x 128 blocks (bench/peers/torch_moe_fp8.py).
  * - Baseline: --baseline FILE reads an earlier run's bench_moe.csv (its config, T and
  *   ours_ms columns; any bench_moe CSV, older ones included) and shows its time beside
  *   ours ("<label> ms", --baseline-label, default "baseline") and the ratio (its time /
  *   ours: above 1 is faster now), in the table, the summary and the CSV.
  * - Run time: about 2.5 minutes on an H100 by the earlier runs' per-point times (the peer
  *   about 2 of them, capped by its budget), plus the MoE kernels' compile on a cold cache.
+ *   --fp8 adds the fp8 twins' points (at most as long as the bf16 ones: fewer bytes) and
+ *   the peer's fp8 layers (within the same budget: the points past it are nan): about 4 to
+ *   5 minutes in all.
  *
  * Output: a table per layer (the per-kernel device times of one profiled forward under each
  * point), DIR/bench_moe.csv (config,T,ours_ms,floor_ms,pct_floor,experts_min,experts_max,
- * weight_gbs,tflops,bound,loop_ms,grouped_ms,baseline_ms,vs_baseline; a row per point a
- * layer runs) and DIR/bench_moe.png (bench/plot_moe.py) with --out DIR, and a summary of
- * every point as the last lines. Exit 77 with "skipped" without a GPU
+ * weight_gbs,tflops,bound,loop_ms,grouped_ms,baseline_ms,vs_baseline,precision,vs_bf16; a
+ * row per point a layer runs) and DIR/bench_moe.png (bench/plot_moe.py) with --out DIR,
+ * and a summary of every point as the last lines. An fp8 twin's rows follow its layer's,
+ * config NAME-fp8 (so --baseline matches fp8 rows to an earlier run's fp8 rows, and the
+ * plot draws them on NAME's panel), precision fp8 (bf16 otherwise), its floor the fp8 one,
+ * loop_ms and grouped_ms torch's fp8 layers, vs_bf16 = the bf16 layer's ms / the twin's
+ * (nan in bf16 rows); the columns up to vs_baseline are as before. Its table adds "vs bf16",
+ * and the summary a block per twin: bf16 ms, fp8 ms, fp8 % of the fp8 floor, speedup (bf16
+ * ms / fp8 ms), torch fp8 time / ours. Exit 77 with "skipped" without a GPU
  * (tests/gpu_presence.h); a bad argument or input file exits 2; any safecuda failure prints
  * sc_last_error() and exits 1, except a layer whose sc_moe_create fails: that is printed as
  * FAILED, the other layers still run, and the exit status is 1. */
@@ -134,43 +182,16 @@
 #include <stdarg.h>
 #include <sys/stat.h>
 
-#include "bench_common.h"
+#include "bench_moe.h"
 #include "npy.h"
-#include "safecuda/moe.h"
 
-#define GIB (1ull << 30)
-#define BLOCK_ELEMS (1ull << 25) /* 64 MiB of bf16: the random block weights are cut from */
-#define ALIGN_ELEMS 128ull       /* offsets into the block: 256-byte aligned */
-#define MAX_TOKEN_COUNTS 16
-#define MAX_CONFIGS 8
 #define WARMUP 3               /* warm-up: at least this many forwards ... */
 #define WARMUP_NS 100000000ull /* ... and at least 0.1 s of them */
 #define MAX_REPS 20
 #define BIG_T 32768            /* from this many tokens, 5 timed forwards */
 #define ROTATE_MAX_T 1024      /* up to this many tokens, NX random inputs are used in turn */
 #define NX 4
-#define MAX_X 16               /* input files per token count (--inputs) */
 #define PEER_SCRIPT "torch_moe.py"
-
-typedef struct moe_config {
-    const char *name;
-    int E, k, H, I;
-    sc_moe_scoring scoring;
-    bool renormalize;
-    bool bias;                 /* a random f32 selection bias (DeepSeek-V3's) */
-    /* ---- the v2 layer's fields (zero: the v1 layer) ---- */
-    int n_group, topk_group;   /* group-limited selection; 0, 0: none */
-    float routed_scaling;      /* 0 means 1 */
-    bool router_bias;          /* a random f32 bias added to the logits (gpt-oss) */
-    sc_moe_activation act;
-    float swiglu_alpha, swiglu_limit; /* 0: the layer's defaults */
-    sc_moe_w13_layout layout;
-    bool w13_bias, w2_bias;    /* random f32 biases on W13 and W2 */
-    int shared_I;              /* the shared expert's intermediate size I_s; 0: none */
-    bool shared_gate;          /* the shared expert scaled by sigmoid(x . gate row) */
-    bool one_alloc;            /* the weights as views of one allocation per dtype */
-    const char *dir;           /* --inputs: the files; NULL: random */
-} moe_config;
 
 static const moe_config builtin_configs[] = {
     {.name = "mixtral", .E = 8, .k = 2, .H = 4096, .I = 14336, .scoring = SC_MOE_SOFTMAX,
@@ -196,9 +217,16 @@ static const moe_config builtin_configs[] = {
 };
 #define N_BUILTIN (sizeof builtin_configs / sizeof builtin_configs[0])
 
-/* The layers of this run: the built-in ones, or the one of --inputs. */
+/* The layers of this run: the built-in ones, or the one of --inputs; with --fp8 then the
+ * fp8 twins of the layers that can have fp8 experts (named NAME-fp8). */
 static moe_config configs[MAX_CONFIGS];
 static size_t n_configs;
+static int fp8_twin[MAX_CONFIGS]; /* configs index of a layer's fp8 twin, -1: none */
+static char twin_names[MAX_CONFIGS][80];
+/* --fp8: what a bf16 layer hands its twin (indexed by the bf16 layer), and why this device
+ * runs no fp8 layer (empty: it does). */
+static kept_tensors kept[MAX_CONFIGS];
+static char fp8_unsupported[160];
 
 static const uint64_t default_tokens[] = {1, 16, 64, 256, 1024, 4096, 16384, 32768};
 static const uint64_t quick_tokens[] = {1, 64, 4096};
@@ -216,6 +244,10 @@ typedef struct point {
     double base_ms;             /* --baseline's ours_ms, NAN when none */
     double host_us;             /* host time of the sc_moe_forward call (median) */
     sc_moe_profile prof;        /* one profiled forward after the timed ones */
+    /* --fp8: what the fp8 twin's point repeats (recorded by the bf16 layer's point) */
+    bool x_drawn;               /* x_rng holds the state x was drawn with */
+    uint64_t x_rng;
+    int used[MAX_X];            /* distinct routed experts of each input */
 } point;
 
 typedef struct args {
@@ -228,6 +260,7 @@ typedef struct args {
     const char *save_dir;       /* --save-inputs */
     const char *baseline;       /* --baseline FILE */
     const char *baseline_label; /* --baseline-label, default "baseline" */
+    bool fp8;                   /* --fp8: each layer also with fp8 experts */
 } args;
 
 /* --inputs: the x files of each token count (index as in args.tokens), in name order. */
@@ -240,30 +273,20 @@ static x_files xin[MAX_TOKEN_COUNTS];
 typedef struct peer_result {
     bool ok;               /* at least one row came back */
     double matmul_tflops;  /* NAN when missing */
+    double f8_tflops;      /* --fp8: e4m3 8192^3 _scaled_mm, use_fast_accum=False; NAN ... */
+    double f8_fast_tflops; /* ... and with use_fast_accum=True */
     double copy_tbs;
     char info[256];        /* the first "# ..." line */
+    char f8_info[256];     /* --fp8: the first "# fp8..." line (how its fp8 layers scale) */
     char reason[256];      /* why it is unavailable or incomplete */
     size_t rows;
 } peer_result;
-
-typedef struct env {
-    sc_context ctx;
-    sc_stream st;
-    sc_event ev0, ev1;
-    sc_host_buffer staging; /* BLOCK_ELEMS bf16, pinned */
-    sc_buffer xblk;         /* random block for inputs, N(0, 1) */
-    uint64_t rng;
-    uint16_t *host;         /* copy-back of out for the check */
-    size_t host_elems;
-    int32_t *ids;           /* copy-back of the expert ids */
-    size_t ids_elems;
-} env;
 
 static point results[MAX_CONFIGS][MAX_TOKEN_COUNTS];
 
 /* ---- small numerics without libm ---------------------------------------------------------- */
 
-static double nolibm_sqrt(double v)
+double nolibm_sqrt(double v)
 {
     if (v <= 0.0)
         return 0.0;
@@ -315,31 +338,39 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die_usage(const char
 
 /* ---- the weights' tensors ------------------------------------------------------------------ */
 
-enum {
-    W_ROUTER, W_W13, W_W2, W_SHARED_W13, W_SHARED_W2, W_SHARED_GATE, /* bf16 */
-    W_SEL_BIAS, W_ROUTER_BIAS, W_W13_BIAS, W_W2_BIAS,                /* f32 */
-    W_COUNT
-};
-
 static const char *const tensor_labels[W_COUNT] = {
     "router", "w13", "w2", "shared w13", "shared w2", "shared gate",
-    "selection bias", "router bias", "w13 bias", "w2 bias"};
-/* Their files under --inputs / --save-inputs, and their shapes in words. */
+    "selection bias", "router bias", "w13 bias", "w2 bias",
+    "w13 scale", "w2 scale", "shared w13 scale", "shared w2 scale"};
+/* Their files under --inputs / --save-inputs, and their shapes in words (the scales: none,
+ * --inputs and --save-inputs are for bf16 layers only). */
 static const char *const tensor_files[W_COUNT] = {
     "router.npy", "w13.npy", "w2.npy", "shared_w13.npy", "shared_w2.npy", "shared_gate.npy",
-    "selection_bias.npy", "router_bias.npy", "w13_bias.npy", "w2_bias.npy"};
+    "selection_bias.npy", "router_bias.npy", "w13_bias.npy", "w2_bias.npy",
+    "-", "-", "-", "-"};
 static const char *const tensor_shapes[W_COUNT] = {
     "router [E, H]", "W13 [E, 2I, H]", "W2 [E, H, I]", "shared W13 [2 I_s, H]",
     "shared W2 [H, I_s]", "shared gate [H]", "selection bias [E]", "router bias [E]",
-    "W13 bias [E, 2I]", "W2 bias [E, H]"};
+    "W13 bias [E, 2I]", "W2 bias [E, H]", "W13 scale [E, 2I/128, H/128]",
+    "W2 scale [E, H/128, I/128]", "shared W13 scale [2 I_s/128, H/128]",
+    "shared W2 scale [H/128, I_s/128]"};
 
 static bool tensor_is_f32(int i) { return i >= W_SEL_BIAS; }
+
+/* Tensor i's element type in layer c. */
+static sc_dtype tensor_dtype(const moe_config *c, int i)
+{
+    if (tensor_is_f32(i))
+        return SC_F32;
+    const bool expert = i == W_W13 || i == W_W2 || i == W_SHARED_W13 || i == W_SHARED_W2;
+    return c->fp8 && expert ? SC_F8E4M3 : SC_BF16;
+}
 
 /* Tensor i's shape in layer c (ndim returned; 0 elements: c has none). */
 static int tensor_shape(const moe_config *c, int i, uint64_t shape[3])
 {
     const uint64_t E = (uint64_t)c->E, H = (uint64_t)c->H, I = (uint64_t)c->I,
-                   Is = (uint64_t)c->shared_I;
+                   Is = (uint64_t)c->shared_I, B = FP8_BLOCK, f = c->fp8 ? 1 : 0;
     switch (i) {
     case W_ROUTER: shape[0] = E, shape[1] = H; return 2;
     case W_W13: shape[0] = E, shape[1] = 2 * I, shape[2] = H; return 3;
@@ -350,7 +381,11 @@ static int tensor_shape(const moe_config *c, int i, uint64_t shape[3])
     case W_SEL_BIAS: shape[0] = c->bias ? E : 0; return 1;
     case W_ROUTER_BIAS: shape[0] = c->router_bias ? E : 0; return 1;
     case W_W13_BIAS: shape[0] = c->w13_bias ? E : 0, shape[1] = 2 * I; return 2;
-    default: shape[0] = c->w2_bias ? E : 0, shape[1] = H; return 2;
+    case W_W2_BIAS: shape[0] = c->w2_bias ? E : 0, shape[1] = H; return 2;
+    case W_W13_SCALE: shape[0] = f * E, shape[1] = 2 * I / B, shape[2] = H / B; return 3;
+    case W_W2_SCALE: shape[0] = f * E, shape[1] = H / B, shape[2] = I / B; return 3;
+    case W_SHARED_W13_SCALE: shape[0] = f * 2 * Is / B, shape[1] = H / B; return 2;
+    default: shape[0] = f * H / B, shape[1] = Is / B; return 2; /* W_SHARED_W2_SCALE */
     }
 }
 
@@ -364,58 +399,42 @@ static uint64_t tensor_count(const moe_config *c, int i)
     return n;
 }
 
-#define CKPT_HEADER_BYTES 16 /* where an allocation's first tensor starts */
-
-typedef struct tensor {
-    const char *label;
-    sc_dtype dtype;  /* SC_BF16 or SC_F32 */
-    uint64_t count;  /* elements; 0: the layer has none */
-    sc_buffer buf;   /* its own buffer, or the allocation of its dtype */
-    uint64_t off;    /* its first element in buf */
-    sc_view v;       /* the tensor, exactly count elements */
-} tensor;
-
-typedef struct layer_weights {
-    tensor t[W_COUNT];
-    bool one_alloc;
-    uint64_t bf16_elems, f32_elems; /* the allocations' sizes (one_alloc), else 0 */
-    sc_buffer all_bf16, all_f32;
-} layer_weights;
-
 /* The layer's tensors, and with c->one_alloc where each lies in its dtype's allocation:
  * in the order of the enum, the first at CKPT_HEADER_BYTES, each at the next 16-byte
- * boundary. Nothing is allocated. */
+ * boundary (an fp8 layer's e4m3 experts in a third allocation). Nothing is allocated. */
 static void weights_layout(const moe_config *c, layer_weights *w)
 {
     memset(w, 0, sizeof *w);
     w->one_alloc = c->one_alloc;
-    uint64_t next[2] = {CKPT_HEADER_BYTES / 2, CKPT_HEADER_BYTES / 4}; /* bf16, f32 */
-    bool any[2] = {false, false};
+    uint64_t next[3] = {CKPT_HEADER_BYTES / 2, CKPT_HEADER_BYTES / 4,
+                        CKPT_HEADER_BYTES}; /* bf16, f32, e4m3 */
+    bool any[3] = {false, false, false};
     for (int i = 0; i < W_COUNT; i++) {
         tensor *t = &w->t[i];
         t->label = tensor_labels[i];
-        t->dtype = tensor_is_f32(i) ? SC_F32 : SC_BF16;
+        t->dtype = tensor_dtype(c, i);
         t->count = tensor_count(c, i);
         if (!t->count || !c->one_alloc)
             continue;
-        const int d = t->dtype == SC_F32;
-        const uint64_t per16 = d ? 4 : 8; /* elements in 16 bytes */
+        const int d = t->dtype == SC_F32 ? 1 : t->dtype == SC_F8E4M3 ? 2 : 0;
+        const uint64_t per16 = 16 / sc_dtype_size(t->dtype); /* elements in 16 bytes */
         t->off = (next[d] + per16 - 1) / per16 * per16;
         next[d] = t->off + t->count;
         any[d] = true;
     }
     w->bf16_elems = any[0] ? next[0] : 0;
     w->f32_elems = any[1] ? next[1] : 0;
+    w->f8_elems = any[2] ? next[2] : 0;
 }
 
 /* Device bytes of the layer's weights. */
 static uint64_t weights_bytes(const layer_weights *w)
 {
     if (w->one_alloc)
-        return w->bf16_elems * 2 + w->f32_elems * 4;
+        return w->bf16_elems * 2 + w->f32_elems * 4 + w->f8_elems;
     uint64_t b = 0;
     for (int i = 0; i < W_COUNT; i++)
-        b += w->t[i].count * (w->t[i].dtype == SC_F32 ? 4 : 2);
+        b += w->t[i].count * sc_dtype_size(w->t[i].dtype);
     return b;
 }
 
@@ -899,7 +918,7 @@ static void usage(const char *prog)
 {
     printf("usage: %s [--out DIR] [--quick] [--configs NAME,...] [--tokens 1,16,64,...] "
            "[--backend auto|mma|sm90] [--inputs DIR | --save-inputs DIR] "
-           "[--baseline FILE [--baseline-label NAME]]\n"
+           "[--baseline FILE [--baseline-label NAME]] [--fp8]\n"
            "  the fused MoE layer (sc_moe_forward) against its floor, a PyTorch expert loop "
            "and torch._grouped_mm\n"
            "  --out DIR          also write bench_moe.csv and bench_moe.png into DIR\n"
@@ -916,6 +935,9 @@ static void usage(const char *prog)
            "the ratio\n"
            "  --baseline-label   the baseline's name in the table (default \"baseline\", e.g. "
            "v1)\n"
+           "  --fp8              each layer whose H and I are multiples of 128 also with fp8 "
+           "experts (e4m3, 128 x 128 block scales; NAME-fp8), on the same tokens and routing, "
+           "and the peer's fp8 layers (SM90 backend; not with --inputs or --save-inputs)\n"
            "environment: SAFECUDA_BENCH_PYTHON (default python3), SAFECUDA_BENCH_NO_PEER=1 "
            "(skip the torch peer), SAFECUDA_BENCH_PEERS (the peers' folder)\n",
            prog, config_names());
@@ -977,6 +999,29 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name)
     return NULL;
 }
 
+/* --fp8: after the built-in layers, the fp8 twin of each that can have fp8 experts, on when
+ * its layer is; fp8_twin[] links them. */
+static void add_fp8_twins(args *a)
+{
+    for (size_t i = 0; i < MAX_CONFIGS; i++)
+        fp8_twin[i] = -1;
+    if (!a->fp8)
+        return;
+    const size_t n = n_configs;
+    for (size_t i = 0; i < n && n_configs < MAX_CONFIGS; i++) {
+        if (!fp8_eligible(&configs[i], NULL, 0))
+            continue;
+        moe_config t = configs[i];
+        snprintf(twin_names[n_configs], sizeof twin_names[0], "%s" FP8_SUFFIX, configs[i].name);
+        t.name = twin_names[n_configs];
+        t.fp8 = true;
+        t.base = (int)i;
+        fp8_twin[i] = (int)n_configs;
+        a->on[n_configs] = a->on[i];
+        configs[n_configs++] = t;
+    }
+}
+
 static args parse_args(int argc, char **argv)
 {
     args a;
@@ -987,6 +1032,8 @@ static args parse_args(int argc, char **argv)
         const char *s = argv[i];
         if (strcmp(s, "--quick") == 0) {
             a.o.quick = true;
+        } else if (strcmp(s, "--fp8") == 0) {
+            a.fp8 = true;
         } else if ((v = opt_value(argc, argv, &i, "--out"))) {
             a.o.out_dir = v;
         } else if ((v = opt_value(argc, argv, &i, "--configs"))) {
@@ -1021,6 +1068,12 @@ static args parse_args(int argc, char **argv)
     }
     if (a.o.out_dir && !*a.o.out_dir)
         a.o.out_dir = NULL;
+    if (a.fp8 && (a.inputs_dir || a.save_dir))
+        die_usage("--fp8 is not with %s: the fp8 layers' weights are made here, no file holds "
+                  "them",
+                  a.inputs_dir ? "--inputs" : "--save-inputs");
+    if (a.fp8 && a.backend == SC_MOE_BACKEND_MMA)
+        die_usage("--fp8 is not with --backend mma: fp8 experts run on the SM90 backend only");
     if (a.inputs_dir && (!*a.inputs_dir || cfg || a.save_dir))
         die_usage("--inputs DIR names one layer: not with --configs or --save-inputs");
     if (a.save_dir && !*a.save_dir)
@@ -1049,6 +1102,7 @@ static args parse_args(int argc, char **argv)
         a.on[i] = true;
     if (cfg)
         parse_configs(cfg, &a);
+    add_fp8_twins(&a);
     return a;
 }
 
@@ -1113,10 +1167,11 @@ static void run_peer(const args *a, peer_result *p)
 {
     memset(p, 0, sizeof *p);
     p->matmul_tflops = NAN;
+    p->f8_tflops = p->f8_fast_tflops = NAN;
     p->copy_tbs = NAN;
     char specs[2048] = "", tokens[512] = "";
     for (size_t i = 0; i < n_configs; i++)
-        if (a->on[i])
+        if (a->on[i] && !configs[i].fp8) /* --fp8: the peer makes the twins itself */
             peer_spec(&configs[i], specs, sizeof specs);
     for (size_t i = 0; i < a->n_tokens; i++)
         append(tokens, sizeof tokens, "%s%" PRIu64, i ? "," : "", a->tokens[i]);
@@ -1130,7 +1185,8 @@ static void run_peer(const args *a, peer_result *p)
         strncat(peer_args, " --inputs ", sizeof peer_args - strlen(peer_args) - 1);
         bench_shell_quote(peer_args, sizeof peer_args, a->inputs_dir);
     }
-    append(peer_args, sizeof peer_args, " --budget %d%s", budget, a->o.quick ? " --quick" : "");
+    append(peer_args, sizeof peer_args, " --budget %d%s%s", budget, a->o.quick ? " --quick" : "",
+           a->fp8 ? " --fp8" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
     const uint64_t t0 = bench_now_ns();
     FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
@@ -1144,6 +1200,12 @@ static void run_peer(const args *a, peer_result *p)
         int got = sscanf(line, "peer %63s %63s %63s %63s", w1, w2, w3, w4);
         if (got == 2 && strcmp(w1, "matmul_tflops") == 0) {
             p->matmul_tflops = strtod(w2, NULL);
+            p->rows++;
+        } else if (got == 2 && strcmp(w1, "matmul_f8_tflops") == 0) {
+            p->f8_tflops = strtod(w2, NULL);
+            p->rows++;
+        } else if (got == 2 && strcmp(w1, "matmul_f8_fast_tflops") == 0) {
+            p->f8_fast_tflops = strtod(w2, NULL);
             p->rows++;
         } else if (got == 2 && strcmp(w1, "copy_tbs") == 0) {
             p->copy_tbs = strtod(w2, NULL);
@@ -1159,8 +1221,11 @@ static void run_peer(const args *a, peer_result *p)
                 p->rows++;
             }
         } else if (line[0] == '#') {
+            const char *text = line + (line[1] == ' ' ? 2 : 1);
             if (!p->info[0])
-                snprintf(p->info, sizeof p->info, "%.250s", line + (line[1] == ' ' ? 2 : 1));
+                snprintf(p->info, sizeof p->info, "%.250s", text);
+            if (!p->f8_info[0] && strncmp(text, "fp8", 3) == 0)
+                snprintf(p->f8_info, sizeof p->f8_info, "%.250s", text);
             printf("  peer %s\n", line);
         } else if (line[0]) {
             snprintf(p->reason, sizeof p->reason, "%.250s", line);
@@ -1179,7 +1244,7 @@ static void run_peer(const args *a, peer_result *p)
 
 /* A device block of BLOCK_ELEMS bf16 values ~ N(0, stddev), made on the host in the pinned
  * staging buffer (Irwin-Hall: the sum of 4 random bytes, standardized) and uploaded. */
-static sc_buffer make_block(env *e, double stddev, const char *label)
+sc_buffer make_block(env *e, double stddev, const char *label)
 {
     uint16_t table[4 * 255 + 1];
     const double sd = nolibm_sqrt(4.0 * (256.0 * 256.0 - 1.0) / 12.0);
@@ -1208,7 +1273,7 @@ static sc_buffer make_block(env *e, double stddev, const char *label)
 
 /* Elements [off, off + n) of dst from the block, in pieces of at most half the block, each
  * from a random (aligned) offset of it. */
-static void fill_random(env *e, sc_buffer dst, uint64_t off, uint64_t n, sc_buffer blk)
+void fill_random(env *e, sc_buffer dst, uint64_t off, uint64_t n, sc_buffer blk)
 {
     while (n) {
         uint64_t len = n < BLOCK_ELEMS / 2 ? n : BLOCK_ELEMS / 2;
@@ -1223,7 +1288,7 @@ static void fill_random(env *e, sc_buffer dst, uint64_t off, uint64_t n, sc_buff
     }
 }
 
-static sc_buffer new_buffer(env *e, sc_dtype dtype, uint64_t count, const char *label)
+sc_buffer new_buffer(env *e, sc_dtype dtype, uint64_t count, const char *label)
 {
     sc_buffer b;
     SC_TRY(sc_buffer_create(e->ctx,
@@ -1316,20 +1381,24 @@ static void make_dir(const char *path)
 /* The buffers (or the two allocations) and the tensors' views. */
 static void weights_create(env *e, const moe_config *c, layer_weights *w)
 {
-    char label[2][96];
+    char label[3][96];
     snprintf(label[0], sizeof label[0], "%s checkpoint (bf16)", c->name);
     snprintf(label[1], sizeof label[1], "%s checkpoint (f32)", c->name);
+    snprintf(label[2], sizeof label[2], "%s checkpoint (e4m3)", c->name);
     if (w->one_alloc) {
         w->all_bf16 = new_buffer(e, SC_BF16, w->bf16_elems, label[0]);
         if (w->f32_elems)
             w->all_f32 = new_buffer(e, SC_F32, w->f32_elems, label[1]);
+        if (w->f8_elems)
+            w->all_f8 = new_buffer(e, SC_F8E4M3, w->f8_elems, label[2]);
     }
     for (int i = 0; i < W_COUNT; i++) {
         tensor *t = &w->t[i];
         if (!t->count)
             continue;
         if (w->one_alloc) {
-            t->buf = t->dtype == SC_F32 ? w->all_f32 : w->all_bf16;
+            t->buf = t->dtype == SC_F32 ? w->all_f32 : t->dtype == SC_F8E4M3 ? w->all_f8
+                                                                                : w->all_bf16;
             SC_TRY(sc_buffer_view(t->buf, t->off, t->count, &t->v));
         } else {
             t->buf = new_buffer(e, t->dtype, t->count, t->label);
@@ -1340,7 +1409,7 @@ static void weights_create(env *e, const moe_config *c, layer_weights *w)
 }
 
 /* Uniform f32 values in [-half, half), made on the host. */
-static void upload_uniform(env *e, const tensor *t, float half)
+void upload_uniform(env *e, const tensor *t, float half)
 {
     float *v = bench_xmalloc(t->count * sizeof *v);
     for (uint64_t i = 0; i < t->count; i++)
@@ -1441,6 +1510,8 @@ static void weights_destroy(layer_weights *w)
         SC_TRY(sc_buffer_destroy(w->all_bf16));
         if (w->all_f32.id)
             SC_TRY(sc_buffer_destroy(w->all_f32));
+        if (w->all_f8.id)
+            SC_TRY(sc_buffer_destroy(w->all_f8));
     } else {
         for (int i = 0; i < W_COUNT; i++)
             if (w->t[i].count)
@@ -1486,6 +1557,15 @@ static sc_moe_desc layer_desc(const args *a, const moe_config *c, const layer_we
     }
     if (t[W_SHARED_GATE].count)
         d.shared_gate = t[W_SHARED_GATE].v;
+    if (c->fp8) { /* the e4m3 experts (buffers or views as above) and their block scales */
+        d.expert_dtype = SC_F8E4M3;
+        d.w13_scale = t[W_W13_SCALE].v;
+        d.w2_scale = t[W_W2_SCALE].v;
+        if (t[W_SHARED_W13_SCALE].count) {
+            d.shared_w13_scale = t[W_SHARED_W13_SCALE].v;
+            d.shared_w2_scale = t[W_SHARED_W2_SCALE].v;
+        }
+    }
     return d;
 }
 
@@ -1515,6 +1595,12 @@ static void describe(const moe_config *c, char *buf, size_t size)
                c->shared_gate ? " (gated)" : "");
     if (c->dir)
         append(buf, size, "; inputs from %s", c->dir);
+    if (c->fp8 && kept[c->base].host[W_ROUTER])
+        append(buf, size, "; e4m3 experts (128 x 128 block scales), x and out bf16, the router "
+               "and tokens of %s", configs[c->base].name);
+    else if (c->fp8)
+        append(buf, size, "; e4m3 experts (128 x 128 block scales), x and out bf16, a router "
+               "and tokens of its own (%s made no weights)", configs[c->base].name);
 }
 
 /* Device time of one forward (events around it); *host_us: the host time of the call. */
@@ -1620,18 +1706,13 @@ static double measure_read_tbs(env *e, int sm_count)
 
 /* ---- one layer ---------------------------------------------------------------------------- */
 
-typedef struct floor_terms {
-    double weight_bytes; /* the weights a forward must read */
-    double bytes;        /* those + x and out */
-    double flops;
-    double bw_ms, flop_ms, floor_ms;
-} floor_terms;
-
 /* The floor of a forward over T tokens whose routing used `used` distinct routed experts
- * (the header's formula). */
-static floor_terms floor_for(const moe_config *c, uint64_t T, int used, double copy_tbs,
-                             double tflops)
+ * (the header's formula; an fp8 twin's: bench_moe_fp8.c). */
+static floor_terms floor_for(const moe_config *c, uint64_t T, int used, const rates *r)
 {
+    if (c->fp8)
+        return floor_for_fp8(c, T, used, r);
+    const double copy_tbs = r->mem_tbs, tflops = r->tflops;
     const double E = c->E, k = c->k, H = c->H, I = c->I, Is = c->shared_I, t = (double)T;
     const double gate = c->shared_gate ? 1.0 : 0.0;
     const double per_expert =
@@ -1651,8 +1732,9 @@ static floor_terms floor_for(const moe_config *c, uint64_t T, int used, double c
 
 /* Device bytes a point of T tokens and nx inputs needs: the weights, the layer's workspace
  * (an upper bound of src/moe/plan.c's: router logits with the split router's slices, ids
- * and weights, per-row indices and weights, h, y and the SM90 backend's x in expert order),
- * the inputs, out, the expert ids and the random blocks. */
+ * and weights, per-row indices and weights, h, y and the SM90 backend's x in expert order;
+ * an fp8 twin's: its e4m3 weights, and x and h in e4m3 with their scales), the inputs, out,
+ * the expert ids and the random blocks. */
 static uint64_t bytes_needed(const moe_config *c, uint64_t T, uint64_t nx)
 {
     const uint64_t E = (uint64_t)c->E, k = (uint64_t)c->k, H = (uint64_t)c->H,
@@ -1662,8 +1744,9 @@ static uint64_t bytes_needed(const moe_config *c, uint64_t T, uint64_t nx)
     const uint64_t logit_rows = T > split_rows ? T : split_rows;
     layer_weights w;
     weights_layout(c, &w);
-    const uint64_t ws = logit_rows * (E + 1) * 4 + T * k * 8 + rows * 4 * 3 + T * 4 +
-                        rows * I * 2 + 2 * rows * H * 2 + (4 * (E + S) + 8) * 4;
+    const uint64_t ws = c->fp8 ? workspace_bound_fp8(c, T)
+                               : logit_rows * (E + 1) * 4 + T * k * 8 + rows * 4 * 3 + T * 4 +
+                                     rows * I * 2 + 2 * rows * H * 2 + (4 * (E + S) + 8) * 4;
     const uint64_t io = (nx + 1) * T * H * 2 + T * k * 4;
     return weights_bytes(&w) + ws + io + 2 * BLOCK_ELEMS * 2;
 }
@@ -1698,7 +1781,7 @@ static int base_width(const args *a)
     return n > 9 ? n : 9;
 }
 
-static void print_header(const args *a)
+static void print_header(const args *a, bool fp8)
 {
     printf("  %6s %7s %9s %9s %8s %5s %7s %7s", "T", "experts", "ours ms", "floor ms", "% floor",
            "bound", "wt GB/s", "TFLOP/s");
@@ -1708,7 +1791,15 @@ static void print_header(const args *a)
         snprintf(h2, sizeof h2, "vs %s", a->baseline_label);
         printf(" %*s %*s", base_width(a), h1, base_width(a), h2);
     }
-    printf(" %9s %10s %8s %10s\n", "loop ms", "grouped ms", "vs loop", "vs grouped");
+    printf(" %9s %10s %8s %10s%s\n", "loop ms", "grouped ms", "vs loop", "vs grouped",
+           fp8 ? "  vs bf16" : "");
+}
+
+/* The bf16 layer's time / its fp8 twin's at token count ti (NAN unless both measured). */
+static double fp8_speedup(size_t twin, size_t ti)
+{
+    const point *p = &results[twin][ti], *b = &results[configs[twin].base][ti];
+    return p->measured && b->measured ? b->ours_ms / p->ours_ms : NAN;
 }
 
 static void print_row(const args *a, size_t ci, size_t ti)
@@ -1739,7 +1830,13 @@ static void print_row(const args *a, size_t ci, size_t ti)
            gbs, tf);
     if (a->baseline)
         printf(" %*s %*s", base_width(a), bm, base_width(a), vb);
-    printf(" %9s %10s %8s %10s\n", lp, gm, vl, vg);
+    printf(" %9s %10s %8s %10s", lp, gm, vl, vg);
+    if (configs[ci].fp8) {
+        char sp[32];
+        fmt_ratio(sp, sizeof sp, fp8_speedup(ci, ti), 1.0);
+        printf(" %8s", sp);
+    }
+    printf("\n");
     if (p->measured && p->prof.steps > 0) {
         printf("         host %.1f us; steps (ms):", p->host_us);
         for (int i = 0; i < p->prof.steps; i++)
@@ -1784,9 +1881,11 @@ static int experts_used(env *e, sc_moe layer, const moe_config *c, sc_view x, sc
 
 /* Measure layer ci at token count ti (the point's inputs, experts, floor, timing, check). */
 static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
-                      double copy_tbs, double tflops)
+                      const rates *rt)
 {
     const moe_config *c = &configs[ci];
+    point *p = &results[ci][ti];
+    point *twin_of = c->fp8 ? &results[c->base][ti] : NULL; /* an fp8 twin's bf16 point */
     const uint64_t H = (uint64_t)c->H, T = a->tokens[ti], TH = T * H;
     const uint64_t nx = inputs_at(a, ti);
     sc_buffer xb = new_bf16(e, nx * TH, "x"), ob = new_bf16(e, TH, "out");
@@ -1807,7 +1906,14 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
             upload_npy(e, &nf, xv[i], TH);
             npy_close(&nf);
         }
+    } else if (twin_of && twin_of->x_drawn) { /* the bf16 layer's tokens, drawn again */
+        const uint64_t keep = e->rng;
+        e->rng = twin_of->x_rng;
+        fill_random(e, xb, 0, nx * TH, e->xblk);
+        e->rng = keep;
     } else {
+        p->x_rng = e->rng;
+        p->x_drawn = true;
         fill_random(e, xb, 0, nx * TH, e->xblk);
     }
     if (a->save_dir)
@@ -1819,7 +1925,6 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
         }
 
     /* The experts each input's routing uses, and so its floor. */
-    point *p = &results[ci][ti];
     floor_terms fl[MAX_X];
     uint64_t bad = 0, first_bad = 0, bad_input = 0;
     p->experts_min = SC_MOE_MAX_EXPERTS + 1;
@@ -1829,9 +1934,14 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
         int used = experts_used(e, layer, c, xv[i], ov, ib, T, &bad, &first_bad);
         if (bad && !before)
             bad_input = i;
-        fl[i] = floor_for(c, T, used, copy_tbs, tflops);
+        fl[i] = floor_for(c, T, used, rt);
+        p->used[i] = used;
         p->experts_min = used < p->experts_min ? used : p->experts_min;
         p->experts_max = used > p->experts_max ? used : p->experts_max;
+        if (twin_of && twin_of->measured && twin_of->used[i] != used)
+            printf("  note: %s T=%" PRIu64 ": input %" PRIu64 " routed to %d distinct experts, "
+                   "%d in %s (same router and tokens: near-ties summed in another order?)\n",
+                   c->name, T, i, used, twin_of->used[i], configs[c->base].name);
     }
 
     const uint64_t w0 = bench_now_ns();
@@ -1902,10 +2012,11 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
     print_row(a, ci, ti);
     if (p->pct > 100.0)
         printf("  WARNING: %s T=%" PRIu64 " reads %.1f %% of its floor: faster than the floor "
-               "allows. The floor's rates (memory %.2f TB/s, matmul %.0f TFLOP/s) are below what "
-               "this forward reached, or its bytes or FLOPs are counted wrong, or the timing "
-               "is: this point's %% of floor is not a result\n",
-               c->name, T, p->pct, copy_tbs, tflops);
+               "allows. The floor's rates (memory %.2f TB/s, matmul %.0f TFLOP/s%s) are below "
+               "what this forward reached, or its bytes or FLOPs are counted wrong, or the "
+               "timing is: this point's %% of floor is not a result\n",
+               c->name, T, p->pct, rt->mem_tbs, c->fp8 ? rt->f8_tflops : rt->tflops,
+               c->fp8 ? " e4m3" : "");
     fflush(stdout);
     SC_TRY(sc_buffer_destroy(xb));
     SC_TRY(sc_buffer_destroy(ob));
@@ -1913,9 +2024,14 @@ static void run_point(env *e, const args *a, size_t ci, size_t ti, sc_moe layer,
 }
 
 /* Measure layer ci at its token counts; false when its sc_moe_create failed (printed). */
-static bool run_config(env *e, const args *a, size_t ci, double copy_tbs, double tflops)
+static bool run_config(env *e, const args *a, size_t ci, const rates *rt)
 {
     const moe_config *c = &configs[ci];
+    if (c->fp8 && fp8_unsupported[0]) {
+        printf("\n== %s: skipped: %s\n", c->name, fp8_unsupported);
+        kept_free(&kept[c->base]);
+        return true;
+    }
     layer_weights w;
     weights_layout(c, &w);
     char what[1400];
@@ -1942,18 +2058,31 @@ static bool run_config(env *e, const args *a, size_t ci, double copy_tbs, double
     }
     if (!maxT) {
         printf("  skipped: no token count fits\n");
-        print_header(a);
+        print_header(a, c->fp8);
         for (size_t ti = 0; ti < a->n_tokens; ti++)
             print_row(a, ci, ti);
+        if (c->fp8)
+            kept_free(&kept[c->base]);
         return true;
     }
 
+    /* An fp8 twin draws its random numbers from its own stream: the bf16 layers after it get
+     * the numbers they get without --fp8. */
+    uint64_t bf16_rng = e->rng;
+    if (c->fp8)
+        e->rng = e->rng_fp8;
     uint64_t t0 = bench_now_ns();
     weights_create(e, c, &w);
-    if (c->dir)
+    if (c->dir) {
         weights_load(e, c, &w);
-    else
+    } else if (c->fp8) {
+        weights_fill_fp8(e, c, &w, &kept[c->base]);
+        kept_free(&kept[c->base]);
+    } else {
         weights_fill(e, c, &w);
+        if (fp8_twin[ci] >= 0 && a->on[fp8_twin[ci]])
+            kept_save(e, &w, &kept[ci]);
+    }
     double made_s = (double)(bench_now_ns() - t0) * 1e-9;
 
     t0 = bench_now_ns();
@@ -1965,6 +2094,10 @@ static bool run_config(env *e, const args *a, size_t ci, double copy_tbs, double
                sc_last_error());
         weights_destroy(&w);
         SC_TRY(sc_context_trim(e->ctx));
+        if (c->fp8) {
+            e->rng_fp8 = e->rng;
+            e->rng = bf16_rng;
+        }
         return false;
     }
     SC_TRY(sc_stream_synchronize(e->st));
@@ -1976,17 +2109,21 @@ static bool run_config(env *e, const args *a, size_t ci, double copy_tbs, double
            c->dir ? "read" : "made", made_s, create_s, (double)ws * 1e-9, maxT);
     if (a->save_dir)
         weights_save(e, a, c, &w);
-    print_header(a);
+    print_header(a, c->fp8);
     for (size_t ti = 0; ti < a->n_tokens; ti++) {
         if (results[ci][ti].no_room)
             print_row(a, ci, ti);
         else
-            run_point(e, a, ci, ti, layer, copy_tbs, tflops);
+            run_point(e, a, ci, ti, layer, rt);
     }
 
     SC_TRY(sc_moe_destroy(layer));
     weights_destroy(&w);
     SC_TRY(sc_context_trim(e->ctx));
+    if (c->fp8) {
+        e->rng_fp8 = e->rng;
+        e->rng = bf16_rng;
+    }
     return true;
 }
 
@@ -2000,14 +2137,31 @@ static void csv_num(FILE *f, double v, const char *sep)
         fprintf(f, "%.6g%s", v, sep);
 }
 
+/* The order layers are run and written in: each bf16 layer, then its fp8 twin. */
+static size_t run_order(size_t order[MAX_CONFIGS])
+{
+    size_t n = 0;
+    for (size_t ci = 0; ci < n_configs; ci++) {
+        if (configs[ci].fp8)
+            continue;
+        order[n++] = ci;
+        if (fp8_twin[ci] >= 0)
+            order[n++] = (size_t)fp8_twin[ci];
+    }
+    return n;
+}
+
 static bool write_csv(const args *a, char *path, size_t path_size)
 {
     FILE *f = bench_open_out(&a->o, "bench_moe.csv", path, path_size);
     if (!f)
         return false;
     fprintf(f, "config,T,ours_ms,floor_ms,pct_floor,experts_min,experts_max,weight_gbs,tflops,"
-               "bound,loop_ms,grouped_ms,baseline_ms,vs_baseline\n");
-    for (size_t ci = 0; ci < n_configs; ci++) {
+               "bound,loop_ms,grouped_ms,baseline_ms,vs_baseline,precision,vs_bf16\n");
+    size_t order[MAX_CONFIGS];
+    const size_t n = run_order(order);
+    for (size_t oi = 0; oi < n; oi++) {
+        const size_t ci = order[oi];
         if (!a->on[ci])
             continue;
         for (size_t ti = 0; ti < a->n_tokens; ti++) {
@@ -2025,7 +2179,9 @@ static bool write_csv(const args *a, char *path, size_t path_size)
             csv_num(f, p->loop_ms, ",");
             csv_num(f, p->grouped_ms, ",");
             csv_num(f, p->base_ms, ",");
-            csv_num(f, m && !isnan(p->base_ms) ? p->base_ms / p->ours_ms : NAN, "\n");
+            csv_num(f, m && !isnan(p->base_ms) ? p->base_ms / p->ours_ms : NAN, ",");
+            fprintf(f, "%s,", configs[ci].fp8 ? "fp8" : "bf16");
+            csv_num(f, configs[ci].fp8 ? fp8_speedup(ci, ti) : NAN, "\n");
         }
     }
     bool ok = fclose(f) == 0;
@@ -2073,9 +2229,81 @@ static void plot(const args *a, const char *csv, char *msg, size_t size)
                  st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1, last);
 }
 
+/* The summary's table: the T header, then for each layer chosen by `want` its rows (label,
+ * cell(point, row) into buf). Returns the points above 100 % of their floors. */
+typedef void (*cell_fn)(const args *a, size_t ci, size_t ti, int row, char *buf, size_t size);
+
+static int summary_rows(const args *a, bool fp8, const char *const *labels, int n_rows,
+                        cell_fn cell)
+{
+    const int width = fp8 ? 7 : 6; /* the labels' */
+    printf("%-*s", 13 + width, "T");
+    for (size_t ti = 0; ti < a->n_tokens; ti++)
+        printf(" %7" PRIu64, a->tokens[ti]);
+    printf("\n");
+    int above = 0;
+    for (size_t ci = 0; ci < n_configs; ci++) {
+        if (!a->on[ci] || configs[ci].fp8 != fp8)
+            continue;
+        const char *name = fp8 ? configs[configs[ci].base].name : configs[ci].name;
+        for (int r = 0; r < n_rows; r++) {
+            printf("%-12.12s %-*s", r == 0 ? name : "", width, labels[r]);
+            for (size_t ti = 0; ti < a->n_tokens; ti++) {
+                char buf[32];
+                cell(a, ci, ti, r, buf, sizeof buf);
+                printf(" %7s", buf);
+            }
+            printf("\n");
+        }
+        for (size_t ti = 0; ti < a->n_tokens; ti++)
+            above += results[ci][ti].measured && results[ci][ti].pct > 100.0;
+    }
+    return above;
+}
+
+static void pct_cell(const point *p, char *buf, size_t size)
+{
+    if (p->measured)
+        snprintf(buf, size, "%.0f%%%s", p->pct, p->pct > 100.0 ? "!" : "");
+    else
+        snprintf(buf, size, "-");
+}
+
+/* bf16 layers: ms, %fl, x loop, x grpd, x base. */
+static void bf16_cell(const args *a, size_t ci, size_t ti, int r, char *buf, size_t size)
+{
+    (void)a;
+    const point *p = &results[ci][ti];
+    const double ours = p->measured ? p->ours_ms : NAN;
+    if (r == 0)
+        fmt_ms(buf, size, ours);
+    else if (r == 1)
+        pct_cell(p, buf, size);
+    else
+        fmt_ratio(buf, size, r == 2 ? p->loop_ms : r == 3 ? p->grouped_ms : p->base_ms, ours);
+}
+
+/* fp8 twins: bf16 ms, fp8 ms, fp8 %fl, speedup, x loop, x grpd (torch fp8), x base. */
+static void fp8_cell(const args *a, size_t ci, size_t ti, int r, char *buf, size_t size)
+{
+    (void)a;
+    const point *p = &results[ci][ti], *b = &results[configs[ci].base][ti];
+    const double ours = p->measured ? p->ours_ms : NAN;
+    if (r == 0)
+        fmt_ms(buf, size, b->measured ? b->ours_ms : NAN);
+    else if (r == 1)
+        fmt_ms(buf, size, ours);
+    else if (r == 2)
+        pct_cell(p, buf, size);
+    else if (r == 3)
+        fmt_ratio(buf, size, fp8_speedup(ci, ti), 1.0);
+    else
+        fmt_ratio(buf, size, r == 4 ? p->loop_ms : r == 5 ? p->grouped_ms : p->base_ms, ours);
+}
+
 static void summary(const args *a, const sc_device_props *props, double read_tbs, double copy_tbs,
-                    const peer_result *peer, double tflops, bool tflops_nominal,
-                    const bool *failed, const char *csv, const char *png)
+                    const peer_result *peer, const rates *rt, bool tflops_nominal,
+                    bool f8_nominal, const bool *failed, const char *csv, const char *png)
 {
     printf("\n==== bench_moe summary: %s%s\n", props->name, a->o.quick ? " (--quick)" : "");
     char torch_copy[64] = "";
@@ -2084,43 +2312,42 @@ static void summary(const args *a, const sc_device_props *props, double read_tbs
     printf("floor rates: memory %.2f TB/s (the larger of: read %.2f TB/s, 1 GiB streaming "
            "kernel; copy %.2f TB/s, r+w, sc_copy 1 GiB%s), matmul %.0f TFLOP/s (%s); "
            "floor bytes count the experts each input's routing used\n",
-           dmax(read_tbs, copy_tbs), read_tbs, copy_tbs, torch_copy, tflops,
+           dmax(read_tbs, copy_tbs), read_tbs, copy_tbs, torch_copy, rt->tflops,
            tflops_nominal ? "nominal: no peer" : "torch bf16 8192^3");
+    if (a->fp8) {
+        char fast[64] = "";
+        if (!isnan(peer->f8_fast_tflops))
+            snprintf(fast, sizeof fast, "; with fast accumulation %.0f", peer->f8_fast_tflops);
+        printf("fp8 floor: e4m3 matmul %.0f TFLOP/s (%s%s) for the experts' FLOPs, bf16 for "
+               "the router's; bytes count e4m3 weights and their f32 block scales\n",
+               rt->f8_tflops,
+               f8_nominal ? "nominal: 2x the bf16 nominal, no peer rate"
+                          : "torch _scaled_mm e4m3 8192^3, per-tensor scales, "
+                            "use_fast_accum=False",
+               fast);
+    }
     printf("ms = median forward; %%fl = median of floor / time; x loop, x grpd = torch time / "
            "ours%s%s%s; -: not measured\n",
            a->baseline ? "; x base = " : "", a->baseline ? a->baseline_label : "",
            a->baseline ? " time / ours" : "");
-    printf("%-19s", "T");
-    for (size_t ti = 0; ti < a->n_tokens; ti++)
-        printf(" %7" PRIu64, a->tokens[ti]);
-    printf("\n");
     static const char *const rows[] = {"ms", "%fl", "x loop", "x grpd", "x base"};
-    const int n_rows = a->baseline ? 5 : 4;
-    int above = 0;
-    for (size_t ci = 0; ci < n_configs; ci++) {
-        if (!a->on[ci])
-            continue;
-        for (int r = 0; r < n_rows; r++) {
-            printf("%-12.12s %-6s", r == 0 ? configs[ci].name : "", rows[r]);
-            for (size_t ti = 0; ti < a->n_tokens; ti++) {
-                const point *p = &results[ci][ti];
-                double ours = p->measured ? p->ours_ms : NAN;
-                char cell[32];
-                if (r == 0)
-                    fmt_ms(cell, sizeof cell, ours);
-                else if (r == 1 && p->measured)
-                    snprintf(cell, sizeof cell, "%.0f%%%s", p->pct, p->pct > 100.0 ? "!" : "");
-                else if (r == 1)
-                    snprintf(cell, sizeof cell, "-");
-                else
-                    fmt_ratio(cell, sizeof cell,
-                              r == 2 ? p->loop_ms : r == 3 ? p->grouped_ms : p->base_ms, ours);
-                if (r == 1 && p->measured && p->pct > 100.0)
-                    above++;
-                printf(" %7s", cell);
-            }
-            printf("\n");
+    int above = summary_rows(a, false, rows, a->baseline ? 5 : 4, bf16_cell);
+    if (a->fp8) {
+        printf("fp8 experts (e4m3, 128 x 128 block scales), the same tokens and routing as bf16: "
+               "bf16 ms, fp8 ms, fp8 %% of the fp8 floor, speedup = bf16 ms / fp8 ms; x loop8, "
+               "x grpd8 = torch fp8 time / ours fp8 (torch scales per row, not per 128 x 128 "
+               "block)\n");
+        static const char *const rows8[] = {"bf16", "fp8", "%fl", "speedup", "x loop8",
+                                            "x grpd8", "x base"};
+        above += summary_rows(a, true, rows8, a->baseline ? 7 : 6, fp8_cell);
+        for (size_t ci = 0; ci < n_configs; ci++) {
+            char why[160];
+            if (a->on[ci] && !configs[ci].fp8 && fp8_twin[ci] < 0 &&
+                !fp8_eligible(&configs[ci], why, sizeof why))
+                printf("%-19s no fp8 layer: %s\n", configs[ci].name, why);
         }
+        if (fp8_unsupported[0])
+            printf("fp8 layers skipped: %s\n", fp8_unsupported);
     }
     if (above) {
         printf("WARNING: %d point%s above 100 %% of the floor (marked !):", above,
@@ -2140,6 +2367,8 @@ static void summary(const args *a, const sc_device_props *props, double read_tbs
         printf("peer: %s\n", peer->info[0] ? peer->info : "ok");
     else
         printf("peer: unavailable (%s)\n", peer->reason[0] ? peer->reason : "no output");
+    if (peer->ok && a->fp8)
+        printf("peer %s\n", peer->f8_info[0] ? peer->f8_info : "fp8: no fp8 layers (see above)");
     if (csv[0])
         printf("csv: %s; plot: %s\n", csv, png);
     else
@@ -2164,9 +2393,11 @@ int main(int argc, char **argv)
     bench_describe_device(0, &props, desc, sizeof desc);
     printf("bench_moe: %s\n", desc);
     printf("configs:");
-    for (size_t ci = 0; ci < n_configs; ci++)
-        if (a.on[ci])
-            printf(" %s", configs[ci].name);
+    size_t order[MAX_CONFIGS];
+    const size_t n_order = run_order(order);
+    for (size_t oi = 0; oi < n_order; oi++)
+        if (a.on[order[oi]])
+            printf(" %s", configs[order[oi]].name);
     if (a.inputs_dir)
         printf(" (from %s)", a.inputs_dir);
     printf("; T:");
@@ -2178,6 +2409,20 @@ int main(int argc, char **argv)
            WARMUP, (double)WARMUP_NS * 1e-9, a.o.quick ? " (--quick)" : "");
     if (a.save_dir)
         printf("saving each layer's weights and tokens under %s/NAME\n", a.save_dir);
+    if (a.fp8) {
+        printf("--fp8: each layer then its fp8 twin NAME" FP8_SUFFIX " (e4m3 experts, 128 x 128 "
+               "block scales) on the same tokens, router and biases\n");
+        for (size_t ci = 0; ci < n_configs; ci++) {
+            char why[160];
+            if (a.on[ci] && !configs[ci].fp8 && !fp8_eligible(&configs[ci], why, sizeof why))
+                printf("  %s: no fp8 layer: %s\n", configs[ci].name, why);
+        }
+        if (props.cc_major != 9 || props.cc_minor != 0)
+            snprintf(fp8_unsupported, sizeof fp8_unsupported,
+                     "fp8 experts need the SM90 backend (compute capability 9.0); this device is "
+                     "%d.%d",
+                     props.cc_major, props.cc_minor);
+    }
 
     /* The peer first, alone on the GPU: nothing of ours is allocated yet. */
     peer_result peer;
@@ -2186,6 +2431,7 @@ int main(int argc, char **argv)
     env e;
     memset(&e, 0, sizeof e);
     e.rng = 0x5AFEC0DA12345ULL;
+    e.rng_fp8 = 0xF8E4A3B10C2D5ULL;
     SC_TRY(sc_context_create(&(sc_context_desc){.device = 0}, &e.ctx));
     SC_TRY(sc_context_default_stream(e.ctx, &e.st));
     SC_TRY(sc_event_create(e.ctx, &(sc_event_desc){.timing = true, .label = "t0"}, &e.ev0));
@@ -2205,19 +2451,43 @@ int main(int argc, char **argv)
         double per_clk = props.cc_major >= 10 ? 8192 : props.cc_major == 9 ? 4096 : 2048;
         tflops = props.sm_count * (props.clock_khz * 1e3) * per_clk * 1e-12;
     }
+    /* The e4m3 rate: the peer's _scaled_mm (use_fast_accum=False), else twice the bf16
+     * nominal one (Hopper's dense e4m3 tensor rate). */
+    double f8_tflops = peer.f8_tflops;
+    const bool f8_nominal = isnan(f8_tflops) || f8_tflops <= 0;
+    if (f8_nominal) {
+        double per_clk = props.cc_major >= 10 ? 8192 : props.cc_major == 9 ? 4096 : 2048;
+        f8_tflops = 2.0 * props.sm_count * (props.clock_khz * 1e3) * per_clk * 1e-12;
+    }
     printf("\nrates: read %.3f TB/s (1 GiB by a streaming kernel, median of 10), copy %.3f TB/s "
            "(1 GiB sc_copy D2D, read + write, median of 10): the floor uses %.3f; matmul "
            "%.1f TFLOP/s (%s)\n",
            read_tbs, copy_only_tbs, copy_tbs, tflops,
            nominal ? "nominal, from the device properties" : "torch peer");
+    if (a.fp8) {
+        char fast[96] = "";
+        if (!isnan(peer.f8_fast_tflops))
+            snprintf(fast, sizeof fast, "; use_fast_accum=True: %.1f TFLOP/s",
+                     peer.f8_fast_tflops);
+        printf("rates: e4m3 matmul %.1f TFLOP/s (%s)%s: the fp8 floor's for the experts' "
+               "FLOPs\n",
+               f8_tflops,
+               f8_nominal ? "nominal: twice the bf16 nominal rate, the peer gave none"
+                          : "torch peer: _scaled_mm 8192^3, per-tensor scales, out bf16, "
+                            "use_fast_accum=False",
+               fast);
+    }
+    const rates rt = {.mem_tbs = copy_tbs, .tflops = tflops, .f8_tflops = f8_tflops};
 
     bool failed[MAX_CONFIGS] = {false};
     int rc = 0;
-    for (size_t ci = 0; ci < n_configs; ci++)
-        if (a.on[ci] && !run_config(&e, &a, ci, copy_tbs, tflops)) {
+    for (size_t oi = 0; oi < n_order; oi++) {
+        const size_t ci = order[oi];
+        if (a.on[ci] && !run_config(&e, &a, ci, &rt)) {
             failed[ci] = true;
             rc = 1;
         }
+    }
 
     SC_TRY(sc_buffer_destroy(e.xblk));
     SC_TRY(sc_host_buffer_destroy(e.staging));
@@ -2233,6 +2503,7 @@ int main(int argc, char **argv)
     } else {
         csv[0] = '\0';
     }
-    summary(&a, &props, read_tbs, copy_only_tbs, &peer, tflops, nominal, failed, csv, png);
+    summary(&a, &props, read_tbs, copy_only_tbs, &peer, &rt, nominal, f8_nominal, failed, csv,
+            png);
     return rc;
 }

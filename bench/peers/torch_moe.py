@@ -5,7 +5,7 @@ bench_moe runs this once, before it allocates anything on the GPU, with the laye
 and token counts it will measure itself:
 
     torch_moe.py --specs NAME:E:K:H:I:SCORING:RENORM:BIAS[:KEY=VALUE...],... --tokens 1,16,...
-                 [--inputs DIR] [--quick] [--budget SECONDS]
+                 [--inputs DIR] [--quick] [--budget SECONDS] [--fp8]
 
 SCORING is softmax or sigmoid; RENORM and BIAS are 0 or 1 (BIAS: a random f32 selection
 bias per expert, added to the scores for the top-k choice only, DeepSeek-V3 style). The
@@ -76,19 +76,31 @@ and a point whose activations (estimated from its shape) would not fit in the GP
 left free: "# NAME T=N: loop skipped (needs about X GB, Y GB free)"; a point that runs out
 of memory anyway is reported the same way and nan.
 
+--fp8 (bench_moe --fp8): after each layer whose H, I and shared IS are multiples of 128,
+the same layer with e4m3 experts, NAME-fp8, timed the same way (the same budget, skips and
+repetitions): an expert loop of torch._scaled_mm and a torch._scaled_grouped_mm layer, with
+ROWWISE scales (x and h per token, the weights per output channel), not 128 x 128 blocks;
+and the e4m3 matmul rates. torch_moe_fp8.py beside this file describes them.
+
 Output, one line per result:
     peer matmul_tflops <bf16 8192^3 matmul TFLOP/s, median of 10 after warm-up>
     peer copy_tbs <1 GiB device-to-device copy, (read + write bytes) / s in TB/s>
-    peer <name> <T> <loop ms> <grouped ms>          ("nan" where not measured)
+    peer matmul_f8_tflops <e4m3 8192^3 _scaled_mm TFLOP/s, use_fast_accum=False>  (--fp8)
+    peer matmul_f8_fast_tflops <the same, use_fast_accum=True>                     (--fp8)
+    peer <name> <T> <loop ms> <grouped ms>          ("nan" where not measured; --fp8 adds
+                                                     the rows of <name>-fp8)
 Lines starting with "#" are information. Exits non-zero, saying why, when torch or CUDA is
 missing, or numpy with --inputs, or a file of --inputs is refused.
 """
 import argparse
+import copy
 import math
 import os
 import statistics
 import sys
 import time
+
+import torch_moe_fp8 as fp8
 
 SLOW_RUN_S = 0.5     # a forward slower than this: 3 timed runs, no more warm-up
 SKIP_LOOP_S = 2.0    # loop points estimated slower than this are skipped
@@ -379,7 +391,11 @@ def main():
     ap.add_argument("--inputs", metavar="DIR")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=240.0)
+    ap.add_argument("--fp8", action="store_true")
     args = ap.parse_args()
+    if args.fp8 and args.inputs:
+        print("--fp8 is not with --inputs: the fp8 layers' weights are made here", file=sys.stderr)
+        return 5
     t_start = time.monotonic()
     specs = [Spec(s) for s in (args.specs or "").split(",") if s]
     tokens = [int(t) for t in (args.tokens or "").split(",") if t]
@@ -461,6 +477,22 @@ def main():
         del src, dst
         torch.cuda.empty_cache()
 
+    fp8_why = fp8.unsupported(torch, dev) if args.fp8 else None
+    has_scaled_grouped = hasattr(torch, "_scaled_grouped_mm")
+    if args.fp8 and not fp8_why:
+        try:
+            with torch.no_grad():
+                fp8.measure_rates(torch, dev, event_ms, statistics.median)
+        except Exception as exc:  # noqa: BLE001 - no e4m3 GEMM here: no fp8 layers
+            fp8_why = f"_scaled_mm failed: {type(exc).__name__}: {str(exc)[:200]}"
+    if args.fp8:
+        print("# fp8: " + (f"no fp8 layers ({fp8_why})" if fp8_why else
+                           "NAME-fp8 layers: e4m3 weights, ROWWISE scales (x and h per token, "
+                           "weights per output channel), not 128x128 blocks; loop of "
+                           "_scaled_mm, grouped _scaled_grouped_mm " +
+                           ("available" if has_scaled_grouped else "missing") +
+                           "; use_fast_accum=False"), flush=True)
+
     def reps_for(T):
         r = 20 if T <= 1024 else 10 if T < BIG_T else 5
         return max(2, r // 2) if args.quick else r
@@ -490,17 +522,20 @@ def main():
                 break
         return statistics.median(times)
 
-    for sp in specs:
+    def run_spec(sp, layer_cls, bytes_fn, grouped_ok, why=None):
+        """Measure one layer (or say why not) and print its rows."""
         toks = sp.tokens(tokens)
         loop_ms = {T: math.nan for T in toks}
         grouped_ms = {T: math.nan for T in toks}
-        if over_budget():
+        if why:
+            print(f"# {sp.name}: skipped ({why})", flush=True)
+        elif over_budget():
             print(f"# {sp.name}: skipped (peer time budget spent)", flush=True)
         else:
             try:
                 with torch.no_grad():
-                    run_layer(torch, F, sp, toks, dev, measure, over_budget, has_grouped,
-                              matmul_rate, loop_ms, grouped_ms, source)
+                    run_layer(torch, F, sp, toks, dev, measure, over_budget, grouped_ok,
+                              matmul_rate, loop_ms, grouped_ms, source, layer_cls, bytes_fn)
             except Exception as exc:  # noqa: BLE001 - report, print what was measured, go on
                 msg = str(exc).replace("\n", " ")[:300]
                 print(f"# {sp.name}: failed: {type(exc).__name__}: {msg}", flush=True)
@@ -508,6 +543,18 @@ def main():
             torch.cuda.empty_cache()
         for T in toks:
             print(f"peer {sp.name} {T} {loop_ms[T]:.4f} {grouped_ms[T]:.4f}", flush=True)
+
+    layer8 = fp8.layer_class(Layer) if args.fp8 else None
+    for sp in specs:
+        run_spec(sp, Layer, point_bytes, has_grouped)
+        if not args.fp8:
+            continue
+        sp8 = copy.copy(sp)
+        sp8.name = sp.name + fp8.SUFFIX
+        if fp8.ineligible(sp):  # bench_moe has no such layer: no rows
+            print(f"# {sp8.name}: none ({fp8.ineligible(sp)})", flush=True)
+            continue
+        run_spec(sp8, layer8, fp8.point_bytes, has_scaled_grouped, fp8_why)
     print(f"# done in {time.monotonic() - t_start:.1f} s", flush=True)
     return 0
 
@@ -535,6 +582,8 @@ class Layer:
     the shared W13 in the spec's layout, biases f32); setup() then makes what the forwards
     use, once: interleaved rows stacked, bf16 copies of the biases. grouped_setup() makes
     the grouped layout and frees the loop's (the loop can't run after it)."""
+
+    GROUPED = "_grouped_mm"  # the grouped layer's GEMM, for messages
 
     def __init__(self, torch, F, sp, dev, source=None):
         self.torch, self.F, self.sp = torch, F, sp
@@ -713,10 +762,13 @@ def is_oom(torch, exc):
 
 
 def run_layer(torch, F, sp, tokens, dev, measure, over_budget, has_grouped, matmul_rate,
-              loop_ms, grouped_ms, source=None):
+              loop_ms, grouped_ms, source=None, layer_cls=None, bytes_fn=None):
+    """Measure the layer's loop, then its grouped form (layer_cls: Layer or the fp8 layer;
+    bytes_fn: its point_bytes)."""
     E, k, H, I, Is = sp.E, sp.k, sp.H, sp.I, sp.shared
+    layer_cls, bytes_fn = layer_cls or Layer, bytes_fn or point_bytes
     t0 = time.monotonic()
-    layer = Layer(torch, F, sp, dev, source)
+    layer = layer_cls(torch, F, sp, dev, source)
     nbytes = layer.nbytes()
     layer.setup()
     torch.cuda.synchronize()
@@ -742,7 +794,7 @@ def run_layer(torch, F, sp, tokens, dev, measure, over_budget, has_grouped, matm
         """Whether the point's estimated bytes fit in the free memory (else it says so)."""
         free = (torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) -
                 torch.cuda.memory_allocated(dev))
-        need = point_bytes(sp, T, n_inputs(T), grouped) * MEM_MARGIN
+        need = bytes_fn(sp, T, n_inputs(T), grouped) * MEM_MARGIN
         if need <= free:
             return True
         print(f"# {sp.name} T={T}: {what} skipped (needs about {need / 1e9:.1f} GB, "
@@ -819,7 +871,7 @@ def run_layer(torch, F, sp, tokens, dev, measure, over_budget, has_grouped, matm
             grouped_ms[T] = timed(layer.grouped_forward, T, "grouped")
         except Exception as exc:  # noqa: BLE001 - a shape _grouped_mm refuses: nan
             msg = str(exc).replace("\n", " ")[:200]
-            print(f"# {sp.name} T={T}: _grouped_mm failed: {type(exc).__name__}: {msg}",
+            print(f"# {sp.name} T={T}: {layer.GROUPED} failed: {type(exc).__name__}: {msg}",
                   flush=True)
 
 
