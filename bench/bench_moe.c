@@ -1746,7 +1746,8 @@ static uint64_t bytes_needed(const moe_config *c, uint64_t T, uint64_t nx)
     weights_layout(c, &w);
     const uint64_t ws = c->fp8 ? workspace_bound_fp8(c, T)
                                : logit_rows * (E + 1) * 4 + T * k * 8 + rows * 4 * 3 + T * 4 +
-                                     rows * I * 2 + 2 * rows * H * 2 + (4 * (E + S) + 8) * 4;
+                                     rows * (I + 64) * 2 + rows * H * 2 + rows * (H + 64) * 2 +
+                                     (4 * (E + S) + 8) * 4; /* (SM90's A rows padded by 64) */
     const uint64_t io = (nx + 1) * T * H * 2 + T * k * 4;
     return weights_bytes(&w) + ws + io + 2 * BLOCK_ELEMS * 2;
 }

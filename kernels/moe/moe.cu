@@ -503,8 +503,8 @@ __device__ __forceinline__ int slot_expert(const int *ids, const float *weights,
 // columns (routed experts, then the shared gate) and up to SC_MOE_ROUTE_TOKENS tokens; the
 // last block to finish (a ticket counter, reset by that block for the next launch) then does
 // what the separate kernels do for many tokens: scores and top-k, the counts, the row and
-// tile offsets, the permutation, and (gather != 0) x in expert order. Nothing needs zeroing
-// beforehand.
+// tile offsets, the permutation, and (gather != 0) x in expert order (rows ldx apart, the
+// data from column xoff). Nothing needs zeroing beforehand.
 
 __device__ __forceinline__ float dot8(uint4 a, uint4 b)
 {
@@ -593,7 +593,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
                    const float *router_bias, float *logits, int *ids, float *weights,
                    float *shared_w, int *row_offsets, int *tile_offsets, int *perm_token,
                    float *perm_weight, int *pos, bf16_t *x_perm, unsigned *ticket, int H,
-                   int gather, sc_moe_route_params p)
+                   int ldx, int xoff, int gather, sc_moe_route_params p)
 {
     griddep_enter();
     const int T = p.T, E = p.E, k = p.k, cols = p.logit_cols;
@@ -646,7 +646,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
     if (gather)
         for (int q = warp; q < row_offsets[groups]; q += NW) {
             const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm[q] * H);
-            uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
+            uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * ldx + xoff);
             for (int c = lane; c < H / 8; c += 32)
                 dst[c] = src[c];
         }
@@ -664,10 +664,11 @@ sc_moe_gate_small(const bf16_t *x, const bf16_t *gate, float *logits, int T, int
 }
 
 // x in expert order, one warp per row: x_perm[p] = x[perm_token[p]] (rows: a bound; the
-// rows past row_offsets[groups] are not real and are skipped).
+// rows past row_offsets[groups] are not real and are skipped); x_perm's rows are ldx apart,
+// the data from column xoff (a multiple of 8).
 extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_offsets,
                                          const bf16_t *x, bf16_t *x_perm, int rows, int groups,
-                                         int H)
+                                         int H, int ldx, int xoff)
 {
     griddep_enter();
     const long long q = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -675,7 +676,7 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
     if (q >= rows || q >= row_offsets[groups])
         return;
     const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)perm_token[q] * H);
-    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + q * H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + q * ldx + xoff);
     for (int c = lane; c < H / 8; c += 32)
         dst[c] = src[c];
 }
@@ -761,12 +762,14 @@ extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
 }
 
 // The same, one warp per slot, that also copies the token's row of x to row q of x_perm
-// (for GEMMs that read A through the copy engine, which cannot gather rows).
+// (for GEMMs that read A through the copy engine, which cannot gather rows; rows ldx apart,
+// the data from column xoff).
 extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *weights,
                                                  const float *shared_w, const int *row_offsets,
                                                  int *cursor, int *perm_token, float *perm_weight,
                                                  int *pos, const bf16_t *x, bf16_t *x_perm, int T,
-                                                 int E, int k, int shared, int H)
+                                                 int E, int k, int shared, int H, int ldx,
+                                                 int xoff)
 {
     griddep_enter();
     const int slots = k + shared;
@@ -791,7 +794,7 @@ extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *we
     }
     q = __shfl_sync(0xffffffffu, q, 0);
     const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
-    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * H);
+    uint4 *dst = reinterpret_cast<uint4 *>(x_perm + (long long)q * ldx + xoff);
     for (int c = lane; c < H / 8; c += 32)
         dst[c] = src[c];
 }

@@ -80,6 +80,10 @@
  * cluster-split tile while the W13 tiles of the experts a forward can use (min(T k, E) + the
  * shared chunks, times I / 128) are fewer than the SMs. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
+/* bf16 SM90: the GEMMs' A rows in the workspace (x in expert order, h) are this many elements
+ * longer than H or I, zeros but for the data at column kshift of the weight they multiply:
+ * the K shift then starts every box of A and B 128-byte aligned. */
+#define SC_MOE_SM90_A_PAD 64
 #define SC_MOE_FP8_NARROW_MAX_TILES 2048
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
  * and tile offsets, and (fp8 W13 split over a cluster) the rows' largest magnitudes and
@@ -114,8 +118,10 @@ typedef struct sc_moe_expert_params {
     int has_bias;      /* the routed experts' W13 and W2 biases */
     int kshift;        /* bf16 routed weights: K starts this many elements before the
                           copies' boxes (the weight view's misalignment within 128 bytes),
-                          so that every box starts 128-byte aligned; A shifts alike */
+                          so that every box starts 128-byte aligned; A's rows hold their
+                          data from this column on (SC_MOE_SM90_A_PAD) */
     int rows_cap;      /* fp8: rows of the workspace (the row scales' stride) */
+    int out_ld, out_off; /* bf16 SM90 W13: h's row stride and first column (W2's A rows) */
 } sc_moe_expert_params;
 
 #endif

@@ -438,10 +438,12 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                         mbar_wait(empty_bar + s * 8, ph ^ 1u);
                         const unsigned fb = full_bar + s * 8;
                         const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
-                        const int kc = kt * KS - ksh;
+                        // B from column kc (before 0: zeros); A's rows hold their data
+                        // from column q.kshift (bf16), so A's box starts at kc + q.kshift.
+                        const int kc = kt * KS - ksh, ka = kc + q.kshift;
                         mbar_expect_tx(fb, a_boxes * A_BOX * 128 + C::B_BYTES);
                         for (int i = 0; i < a_boxes; i++)
-                            tma_load_2d(sa + i * A_BOX * 128, g.a_map, kc, tl.row0 + i * A_BOX, fb);
+                            tma_load_2d(sa + i * A_BOX * 128, g.a_map, ka, tl.row0 + i * A_BOX, fb);
                         if (MODE == MODE_W13) {
                             tma_load_2d(sb, gm, kc, b_row, fb);
                             tma_load_2d(sb + (BN / 2) * 128, um, kc, b_row, fb);
@@ -586,7 +588,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                                 }
                                 float h0 = moe_act(g0, u0, q.act, q.alpha, q.limit);
                                 float h1 = moe_act(g1, u1, q.act, q.alpha, q.limit);
-                                *reinterpret_cast<unsigned *>(out + (long long)row * N + col) =
+                                *reinterpret_cast<unsigned *>(out + (long long)row * q.out_ld +
+                                                              q.out_off + col) =
                                     pack_bf16x2(h0, h1);
                             }
                         }

@@ -105,10 +105,11 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
             if (sci_moe_tiles[t].fp8 != fp8)
                 continue;
             const uint32_t a_box = (uint32_t)sci_moe_tiles[t].a_box;
-            sc_status s = encode_map(m->ws[fp8 ? SCI_MOE_W_XQ : SCI_MOE_W_XPERM], rows, H, a_box,
-                                     &m->xperm_map[t]);
+            const uint64_t pad = fp8 ? 0 : SC_MOE_SM90_A_PAD; /* bf16: A's rows padded */
+            sc_status s = encode_map(m->ws[fp8 ? SCI_MOE_W_XQ : SCI_MOE_W_XPERM], rows, H + pad,
+                                     a_box, &m->xperm_map[t]);
             if (s == SC_OK)
-                s = encode_map(m->ws[fp8 ? SCI_MOE_W_HQ : SCI_MOE_W_H], rows, I, a_box,
+                s = encode_map(m->ws[fp8 ? SCI_MOE_W_HQ : SCI_MOE_W_H], rows, I + pad, a_box,
                                &m->h_map[t]);
             if (s != SC_OK) {
                 free_workspace_quietly(m, fn);
@@ -476,6 +477,13 @@ static int32_t rows_cap(const sci_moe *m)
     return (int32_t)(m->capacity * (uint64_t)m->cfg.slots);
 }
 
+/* bf16 SM90: the row stride of x in expert order (H + the padding); elsewhere H. */
+static int32_t xperm_ld(const sci_moe *m)
+{
+    const bool pad = m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8;
+    return m->desc.hidden + (pad ? SC_MOE_SM90_A_PAD : 0);
+}
+
 /* The whole of workspace buffer w. */
 static sc_view ws(const forward *f, sci_moe_ws w) { return sc_view_of(f->m->ws[w]); }
 
@@ -531,7 +539,8 @@ static sc_status issue_gather(const forward *f)
                        sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_in(f->x), sc_arg_out(ws(f, SCI_MOE_W_XPERM)),
                        sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
-                       sc_arg_i32(H))) != SC_OK)
+                       sc_arg_i32(H), sc_arg_i32(xperm_ld(f->m)),
+                       sc_arg_i32(f->m->kshift13))) != SC_OK)
         return s;
     return SC_OK;
 }
@@ -561,6 +570,7 @@ static sc_status issue_route_small(const forward *f)
                                         : f->m->cfg.fp8 ? SCI_MOE_W_XQ /* (not written) */
                                                         : SCI_MOE_W_XPERM)),
                        sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32(d->hidden),
+                       sc_arg_i32(xperm_ld(f->m)), sc_arg_i32(f->m->kshift13),
                        sc_arg_i32(p->route_gathers), sc_arg_bytes(&rp, sizeof rp))) != SC_OK)
         return s;
     if (p->gather.grid.x == 0)
@@ -589,7 +599,8 @@ static sc_status issue_scatter(const forward *f)
                            sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)),
                            sc_arg_out(ws(f, SCI_MOE_W_POS)), sc_arg_in(f->x),
                            sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32(T), sc_arg_i32(E),
-                           sc_arg_i32(k), sc_arg_i32(S), sc_arg_i32(m->desc.hidden))) != SC_OK)
+                           sc_arg_i32(k), sc_arg_i32(S), sc_arg_i32(m->desc.hidden),
+                           sc_arg_i32(xperm_ld(m)), sc_arg_i32(m->kshift13))) != SC_OK)
             return s;
         return SC_OK;
     }
@@ -703,7 +714,12 @@ static sc_moe_expert_params expert_params(const sci_moe *m, int group_m, sci_moe
         .group_m = group_m, .interleaved = d->w13_layout == SC_MOE_W13_INTERLEAVED,
         .act = (int)d->activation, .alpha = d->swiglu_alpha, .limit = d->swiglu_limit,
         .has_bias = m->wt[bias].buffer.id != 0, .kshift = kshift,
-        .rows_cap = rows_cap(m)};
+        .rows_cap = rows_cap(m),
+        /* bf16 SM90 W13 writes h into W2's A rows: padded, the data from W2's shift */
+        .out_ld = d->intermediate + (m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8
+                                         ? SC_MOE_SM90_A_PAD
+                                         : 0),
+        .out_off = m->kshift2};
 }
 
 /* fp8 experts (SM90): h (e4m3, with its row scales) = act(x_q W_gate^T + b, x_q W_up^T +

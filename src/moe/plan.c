@@ -55,10 +55,10 @@ const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_PERM_TOKEN] = {SC_I32, "moe permuted tokens", false},
     [SCI_MOE_W_PERM_WEIGHT] = {SC_F32, "moe permuted weights", false},
     [SCI_MOE_W_POS] = {SC_I32, "moe positions", false},
-    [SCI_MOE_W_H] = {SC_BF16, "moe h", false},
+    [SCI_MOE_W_H] = {SC_BF16, "moe h", true}, /* (SM90: the rows' padding stays 0) */
     [SCI_MOE_W_Y] = {SC_BF16, "moe y", false},
     [SCI_MOE_W_NO_BIAS] = {SC_F32, "moe no bias", false},
-    [SCI_MOE_W_XPERM] = {SC_BF16, "moe x in expert order", false},
+    [SCI_MOE_W_XPERM] = {SC_BF16, "moe x in expert order", true},
     [SCI_MOE_W_TICKET] = {SC_U32, "moe route ticket", true}, /* sc_moe_route_small resets it */
     [SCI_MOE_W_SHARED_W] = {SC_F32, "moe shared expert weights", false},
     [SCI_MOE_W_XQ] = {SC_F8E4M3, "moe x in expert order (fp8)", false},
@@ -103,10 +103,12 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_PERM_TOKEN] = rows;
     count[SCI_MOE_W_PERM_WEIGHT] = rows;
     count[SCI_MOE_W_POS] = rows;
-    count[SCI_MOE_W_H] = c->fp8 ? 0 : rows * I;
+    const bool sm90 = c->backend == SC_MOE_BACKEND_SM90;
+    const uint64_t pad = sm90 ? SC_MOE_SM90_A_PAD : 0; /* bf16 SM90: A's rows (see moe_config) */
+    count[SCI_MOE_W_H] = c->fp8 ? 0 : rows * (I + pad);
     count[SCI_MOE_W_Y] = rows * H;
     count[SCI_MOE_W_NO_BIAS] = 1;
-    count[SCI_MOE_W_XPERM] = c->backend == SC_MOE_BACKEND_SM90 && !c->fp8 ? rows * H : 0;
+    count[SCI_MOE_W_XPERM] = sm90 && !c->fp8 ? rows * (H + pad) : 0;
     count[SCI_MOE_W_TICKET] = 1;
     count[SCI_MOE_W_SHARED_W] = tokens;
     /* fp8: x and h in e4m3 with one f32 scale per row per 128 channels */

@@ -107,10 +107,11 @@ static void test_sm90_small_layer(void)
     CHECK_LAUNCH(p.combine, 1, 1, 1, 256, 0);
     /* Workspace for 1 token: logits 16 rows (the split router's) x 8 x 4 = 512; ids,
      * weights, permuted tokens and weights, positions 5 x 2 x 4 = 40; counts and cursors
-     * 2 x 8 x 4, row and tile offsets 2 x 9 x 4: 136; h 2 x 256 x 2 = 1024; y and x in
-     * expert order 2 x 2 x 512 x 2 = 4096; the zero bias and the ticket 8; the shared
-     * expert's weight per token 4. */
-    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1024 + 4096 + 8 + 4);
+     * 2 x 8 x 4, row and tile offsets 2 x 9 x 4: 136; h 2 x (256 + 64) x 2 = 1280; y
+     * 2 x 512 x 2 = 2048, x in expert order 2 x (512 + 64) x 2 = 2304 (SM90's A rows are
+     * padded by SC_MOE_SM90_A_PAD for the K shift); the zero bias and the ticket 8; the
+     * shared expert's weight per token 4. */
+    CHECK_EQ(p.workspace_bytes, 512 + 40 + 136 + 1280 + 2048 + 2304 + 8 + 4);
 
     /* The routing paths and programmatic launches around their thresholds. */
     CHECK(plan(&c, 16).route_small);
@@ -152,11 +153,12 @@ static void test_sm90_small_layer(void)
     CHECK_EQ(p.group_m2, 16);
 
     /* The default workspace (256 tokens): logits 4096 rows (16 splits x 256) x 8 x 4 =
-     * 131072; 5 x 512 rows x 4 = 10240; offsets and counts 136; h 512 x 256 x 2 = 262144;
-     * y and x in expert order 2 x 512 x 512 x 2 = 1048576; 8; shared weights 256 x 4. */
+     * 131072; 5 x 512 rows x 4 = 10240; offsets and counts 136; h 512 x (256 + 64) x 2 =
+     * 327680; y 512 x 512 x 2 = 524288 and x in expert order 512 x (512 + 64) x 2 = 589824;
+     * 8; shared weights 256 x 4. */
     CHECK_EQ(plan(&c, 256).workspace_bytes,
-             131072 + 10240 + 136 + 262144 + 1048576 + 8 + 1024);
-    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1453200);
+             131072 + 10240 + 136 + 327680 + 524288 + 589824 + 8 + 1024);
+    CHECK_EQ(sci_moe_workspace_bytes_for(&c, 256), 1584272);
 }
 
 /* SM90, a DeepSeek-V3-sized layer: E = 256, k = 8, H = 7168, I = 2048. */
@@ -248,11 +250,12 @@ static void test_mma(void)
     CHECK_EQ(p.router_k_chunk, 256);
     CHECK_LAUNCH(p.combine, 2048, 1, 1, 256, 0);
 
-    /* Without x in expert order: the SM90 workspace less rows x H x 2 bytes. */
+    /* Without x in expert order and h's padding: the SM90 workspace less rows x (H + 64) x 2
+     * bytes and rows x 64 x 2. */
     sci_moe_config sm90 = c;
     sm90.backend = SC_MOE_BACKEND_SM90;
     CHECK_EQ(sci_moe_workspace_bytes_for(&sm90, 100) - sci_moe_workspace_bytes_for(&c, 100),
-             600ull * 1024 * 2);
+             600ull * (1024 + 64) * 2 + 600ull * 64 * 2);
     uint64_t count[SCI_MOE_W_COUNT];
     sci_moe_workspace_counts(&c, 100, count);
     CHECK_EQ(count[SCI_MOE_W_XPERM], 0);
@@ -468,7 +471,7 @@ static void test_shared_and_caller_routing(void)
     CHECK_EQ(n[SCI_MOE_W_LOGITS], 100 * 16 * 513); /* 16 splits' slices of 100 tokens */
     CHECK_EQ(n[SCI_MOE_W_IDS], 1000);
     CHECK_EQ(n[SCI_MOE_W_POS], 1100);
-    CHECK_EQ(n[SCI_MOE_W_H], 1100 * 512);
+    CHECK_EQ(n[SCI_MOE_W_H], 1100 * (512 + SC_MOE_SM90_A_PAD));
     CHECK_EQ(n[SCI_MOE_W_COUNTS], 513);
     CHECK_EQ(n[SCI_MOE_W_ROW_OFF], 514);
     CHECK_EQ(n[SCI_MOE_W_SHARED_W], 100);
@@ -553,7 +556,7 @@ static void test_fp8(void)
     sci_moe_workspace_counts(&c, 10, n);
     CHECK_EQ(n[SCI_MOE_W_XQ], 0);
     CHECK_EQ(n[SCI_MOE_W_HS], 0);
-    CHECK_EQ(n[SCI_MOE_W_XPERM], 80 * 7168);
+    CHECK_EQ(n[SCI_MOE_W_XPERM], 80 * (7168 + SC_MOE_SM90_A_PAD));
 }
 
 int main(void)
