@@ -33,6 +33,7 @@ static inline float e5m2_to_f(uint8_t v) { return fp8_decode(v, 2, 15, 0); }
 /* Round f to the nearest of the 8-bit format's finite values (ties to even), saturating. */
 static inline uint8_t fp8_encode(float f, int mbits, int bias, float maxv, int e4m3)
 {
+    (void)e4m3; /* NaN is 0x7f in both formats */
     if (isnan(f))
         return 0x7f; /* e4m3: S.1111.111, e5m2: S.11111.11 */
     const uint8_t sign = signbit(f) ? 0x80 : 0;
