@@ -20,6 +20,8 @@ class DType(enum.IntEnum):
     BF16 = 10
     F32 = 11
     F64 = 12
+    F8E4M3 = 13
+    F8E5M2 = 14
 
     @property
     def size(self):
@@ -57,6 +59,8 @@ _TABLE = [
     (DType.BF16, "bf16", ("bfloat16",), "H", 2, "f"),
     (DType.F32, "f32", ("float32", "float"), "f", 4, "f"),
     (DType.F64, "f64", ("float64", "double"), "d", 8, "f"),
+    (DType.F8E4M3, "f8e4m3", ("float8_e4m3fn",), "B", 1, "f"),
+    (DType.F8E5M2, "f8e5m2", ("float8_e5m2",), "B", 1, "f"),
 ]
 _SIZE = {t[0]: t[4] for t in _TABLE}
 _SHORT = {t[0]: t[1] for t in _TABLE}
