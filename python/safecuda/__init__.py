@@ -26,6 +26,8 @@ from ._core import (Arg, Buffer, Bytes, Context, Event, In, InOut, Out, Stream, 
 from ._launch import Kernel, Module, Program  # noqa: E402
 from ._moe import MoE  # noqa: E402
 from ._tensor_map import TensorMap, TensorMapIn, TensorMapOut  # noqa: E402
+from ._quant import (dequantize_fp8_blocks, dequantize_fp8_tokens,  # noqa: E402
+                     quantize_fp8_blocks, quantize_fp8_tokens)
 
 __version__ = "0.1.0"
 
@@ -40,9 +42,11 @@ __all__ = [
     "Arg", "Buffer", "Bytes", "Context", "DType", "Event", "In", "InOut", "Kernel",
     "MissingSymbolError", "MoE", "Module", "Out", "Program", "SafecudaError", "Status",
     "Stream", "TensorMap", "TensorMapIn", "TensorMapOut", "View", "as_dtype",
-    "compiler_path", "compiler_version", "default_context", "device_count", "device_info",
-    "device_memory", "driver_path", "driver_version", "f32", "f64", "i32", "i64", "init",
-    "library_path", "set_log_callback", "status_name", "u32", "u64", "version",
+    "compiler_path", "compiler_version", "default_context", "dequantize_fp8_blocks",
+    "dequantize_fp8_tokens", "device_count", "device_info", "device_memory", "driver_path",
+    "driver_version", "f32", "f64", "i32", "i64", "init", "library_path",
+    "quantize_fp8_blocks", "quantize_fp8_tokens", "set_log_callback", "status_name", "u32",
+    "u64", "version",
     # the error classes, less OverflowError (a star import must not hide the builtin)
     *[n for n in _ERROR_NAMES if n != "OverflowError"],
 ]

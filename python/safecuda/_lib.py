@@ -297,6 +297,15 @@ class sc_moe_forward_desc(Structure):
                 ("check_routing", c_bool), ("accumulate", c_bool)]
 
 
+# quant.h
+
+
+class sc_quant_desc(Structure):
+    _fields_ = [("rows", c_uint64), ("cols", c_uint64), ("batch", c_uint64)]
+
+
+SC_QUANT_BLOCK = 128
+
 # interop.h and dlpack.h
 
 release_fn = CFUNCTYPE(None, c_void_p)
@@ -446,6 +455,11 @@ SIGNATURES = {
     "sc_moe_routing_check": (S, [H, H]),
     "sc_moe_reserve": (S, [H, H, c_uint64]),
     "sc_moe_workspace_bytes": (S, [H, u64p]),
+    # quant.h
+    "sc_quantize_fp8_blocks": (S, [H, P(sc_quant_desc), sc_view, sc_view, sc_view]),
+    "sc_dequantize_fp8_blocks": (S, [H, P(sc_quant_desc), sc_view, sc_view, sc_view]),
+    "sc_quantize_fp8_tokens": (S, [H, P(sc_quant_desc), sc_view, sc_view, sc_view]),
+    "sc_dequantize_fp8_tokens": (S, [H, P(sc_quant_desc), sc_view, sc_view, sc_view]),
     # interop.h
     "sc_stream_wrap_at": (S, [H, c_uint64, c_char_p, u64p, *site]),
     "sc_stream_cu_handle": (S, [H, u64p]),

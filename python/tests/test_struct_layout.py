@@ -1,4 +1,4 @@
-"""The ctypes structures of the MoE API against the C header: the library reads the whole
+"""The ctypes structures of the MoE and quantization APIs against the C headers: the library reads the whole
 struct it is given, so a Python struct with a field missing, out of order or of another
 size hands it garbage in the fields after it.
 
@@ -20,7 +20,8 @@ from safecuda import _lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INCLUDE = os.path.join(ROOT, "include")
-HEADERS = [os.path.join(INCLUDE, "safecuda.h"), os.path.join(INCLUDE, "safecuda", "moe.h")]
+HEADERS = [os.path.join(INCLUDE, "safecuda.h"), os.path.join(INCLUDE, "safecuda", "moe.h"),
+           os.path.join(INCLUDE, "safecuda", "quant.h")]
 
 # The structs checked: (C name, header, ctypes class).
 STRUCTS = [
@@ -29,6 +30,7 @@ STRUCTS = [
     ("sc_moe_profile", "moe.h", _lib.sc_moe_profile),
     ("sc_moe_forward_desc", "moe.h", _lib.sc_moe_forward_desc),
     ("sc_tensor_map_desc", "safecuda.h", _lib.sc_tensor_map_desc),
+    ("sc_quant_desc", "quant.h", _lib.sc_quant_desc),
 ]
 
 # Sizes and alignments of the C types these structs use (LP64; enums are int-sized).
@@ -186,7 +188,7 @@ def test_layout_compiled_by_a_c_compiler():
         if not os.path.exists(p):
             pytest.skip(f"the C headers are not beside the tests ({p})")
     lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "safecuda/moe.h"',
-             "int main(void) {"]
+             '#include "safecuda/quant.h"', "int main(void) {"]
     for struct, _, cls in STRUCTS + [("sc_tensor_map", "safecuda.h", _lib.sc_tensor_map)]:
         lines.append(f'    printf("{struct} sizeof %zu\\n", sizeof({struct}));')
         for name, _ in cls._fields_:

@@ -3,6 +3,7 @@
 // device (host memory: nothing here says anything about a GPU).
 #include <safecuda.h>
 #include <safecuda/moe.h>
+#include <safecuda/quant.h>
 #include <safecuda/interop.h>
 
 #include <cstdio>
@@ -102,6 +103,10 @@ int main()
     md.experts = 0; // refused: the layer checks its desc
     sc_moe layer{};
     EXPECT(sc_moe_create(ctx, &md, &layer) == SC_ERR_INVALID_ARGUMENT);
+    sc_quant_desc qd{};
+    qd.rows = 1; // cols 0: refused
+    EXPECT(sc_quantize_fp8_blocks(SC_DEFAULT_STREAM, &qd, sc_view_of(a), sc_view_of(a),
+                                  sc_view_of(a)) == SC_ERR_INVALID_ARGUMENT);
     EXPECT(std::strcmp(sc_status_name(SC_ERR_STALE_HANDLE), "SC_ERR_STALE_HANDLE") == 0);
     EXPECT(sc_dtype_size(SC_BF16) == 2);
     // The interop macros and DLPack's types: b exported read-only and imported back.
