@@ -519,21 +519,22 @@ static void test_precompile(void)
     CHECK_OUT(" bytes, compiled in ");
     CHECK_OUT("moe/moe_sm90a.cu: skipped (for sm_90a only: the library does not use it on "
               "sm_80)\n");
+    CHECK_OUT("quant/fp8_quant.cu: cubin for sm_80, ");
     CHECK_OUT("util/elementwise.cu: cubin for sm_80, ");
     char summary[512];
     snprintf(summary, sizeof summary,
-             "precompile: 3 files for sm_80 into %s/kc: 2 compiled, 0 from the cache, 1 "
+             "precompile: 4 files for sm_80 into %s/kc: 3 compiled, 0 from the cache, 1 "
              "skipped; ",
              dir);
     CHECK_OUT(summary);
     /* One line per file, in order, then the summary. */
     const char *a = strstr(out, "moe/moe.cu:"), *b = strstr(out, "moe/moe_sm90a.cu:");
-    const char *c = strstr(out, "util/elementwise.cu:"), *d = strstr(out, "precompile: 3");
+    const char *c = strstr(out, "util/elementwise.cu:"), *d = strstr(out, "precompile: 4");
     CHECK(a && b && c && d && a < b && b < c && c < d);
     char kc[300];
     snprintf(kc, sizeof kc, "%s/kc", dir);
     CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
-    CHECK(atoi(out) == 2);
+    CHECK(atoi(out) == 3);
 
     CHECK_RC(runf("SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE_DIR='%s' '%s' "
                   "precompile --arch=sm_80a 2>&1",
@@ -542,9 +543,9 @@ static void test_precompile(void)
     CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
     CHECK_OUT(" bytes, from the cache in ");
     CHECK_NOT_OUT("compiled in");
-    CHECK_OUT(": 0 compiled, 2 from the cache, 1 skipped; ");
+    CHECK_OUT(": 0 compiled, 3 from the cache, 1 skipped; ");
     CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
-    CHECK(atoi(out) == 2);
+    CHECK(atoi(out) == 3);
 }
 
 static void test_with_a_device(void)
