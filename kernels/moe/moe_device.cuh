@@ -3,6 +3,8 @@
 #ifndef SC_MOE_DEVICE_CUH
 #define SC_MOE_DEVICE_CUH
 
+#include "util/fp8.cuh"
+
 // Programmatic dependent launch (sm_90+). For few tokens the host launches every kernel of
 // a forward with sc_launch_desc.programmatic, so a kernel may start while the one before it
 // still runs:
@@ -37,21 +39,6 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
     unsigned r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
-}
-
-// Two floats to packed e4m3 (round to nearest even, saturating to +-448): lo in the low
-// byte. fp8 conversions exist from sm_89 on; the fp8 layer runs on sm_90 only, and this
-// file is also compiled for older targets, where it is never called.
-__device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    __trap();
-    return 0;
-#endif
 }
 
 // The group (expert) of M tile m: the last of the groups whose first tile, in the

@@ -673,10 +673,9 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                             const int row = r0 + 8 * h;
                             if (row >= tl.row_end)
                                 continue;
-                            const float inv = amax[h] > 0.f ? __fdiv_rn(448.f, amax[h]) : 1.f;
+                            const block_factors fa = fp8_block_factors(amax[h]);
                             if ((lane & 3) == 0 && rank == 0)
-                                g.out_scale[(long long)blk * q.rows_cap + row] =
-                                    amax[h] > 0.f ? __fdiv_rn(amax[h], 448.f) : 1.f;
+                                g.out_scale[(long long)blk * q.rows_cap + row] = fa.scale;
 #pragma unroll
                             for (int ps = 0; ps < SUBS; ps++)
 #pragma unroll
@@ -686,7 +685,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                                     const float v1 = ps + 1 < SUBS ? hkeep[ps * (BN / 4) + i + 1] : hv[i + 1];
                                     const int col = tl.n * NW + rank * NC + ps * (BN / 2) + f * 8 + cl;
                                     *reinterpret_cast<unsigned short *>(out + (long long)row * N + col) =
-                                        pack_e4m3x2(__fmul_rn(v0, inv), __fmul_rn(v1, inv));
+                                        fp8_quantize2(v0, v1, fa);
                                 }
                         }
                     }

@@ -21,56 +21,12 @@
 // The e4m3 conversions need sm_89 or newer; the host refuses older devices before any
 // launch (the code below compiles everywhere, and traps there).
 
+#include "util/fp8.cuh"
+
 #define SC_QUANT_BLOCK 128
 #define SC_QUANT_THREADS 256
 
 typedef unsigned long long u64;
-
-__device__ __forceinline__ float mul_rn(float a, float b)
-{
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float div_rn(float a, float b)
-{
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-// Two floats to two e4m3 bytes (lo in the low byte), round to nearest even, saturating.
-__device__ __forceinline__ unsigned short f32x2_to_e4m3x2(float lo, float hi)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    __trap();
-    return 0;
-#endif
-}
-
-// Two e4m3 bytes (lo in the low byte) to floats (exact).
-__device__ __forceinline__ float2 e4m3x2_to_f32x2(unsigned short v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    float lo, hi;
-    asm("{\n\t.reg .b32 h2;\n\t.reg .f16 l, h;\n\t"
-        "cvt.rn.f16x2.e4m3x2 h2, %2;\n\t"
-        "mov.b32 {l, h}, h2;\n\t"
-        "cvt.f32.f16 %0, l;\n\t"
-        "cvt.f32.f16 %1, h;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "h"(v));
-    return make_float2(lo, hi);
-#else
-    __trap();
-    return make_float2(0.f, 0.f);
-#endif
-}
 
 // Two floats to packed bf16 (round to nearest even): lo in the low half.
 __device__ __forceinline__ unsigned f32x2_to_bf16x2(float lo, float hi)
@@ -112,24 +68,10 @@ __device__ __forceinline__ unsigned absmax2(unsigned m, unsigned w)
     return __vmaxu2(m, a & ~__vcmpgtu2(a, 0x7f807f80u));
 }
 
-// The factors of a block whose largest |v| has the bf16 pattern amax_bits: its scale, the
-// value each element is first multiplied by (pre: 1, or 2^64 for a tiny block) and then
-// 448 / amax (inv, of the pre-scaled amax).
-struct block_factors {
-    float scale, pre, inv;
-};
-
+// The factors of a block whose largest |v| has the bf16 pattern amax_bits (util/fp8.cuh).
 __device__ __forceinline__ block_factors factors(unsigned amax_bits)
 {
-    block_factors f = {1.f, 1.f, 1.f};
-    if (amax_bits == 0)
-        return f;
-    const float amax = __uint_as_float(amax_bits << 16);
-    f.scale = div_rn(amax, 448.f);
-    if (amax_bits < 0x1f80u) // amax < 2^-64
-        f.pre = 0x1p64f;
-    f.inv = div_rn(448.f, mul_rn(amax, f.pre));
-    return f;
+    return fp8_block_factors(__uint_as_float(amax_bits << 16));
 }
 
 // 8 values (4 packed bf16 words) to 8 e4m3 bytes (2 words, element 0 in the lowest byte).

@@ -25,8 +25,19 @@ static bool compile(int arch, bool arch_specific, bool ptx, sc_program *p, const
                     uint64_t *bytes, char *log, size_t log_size)
 {
     static const char *const verbose[] = {"--ptxas-options=-v", NULL};
+    /* the built-in headers (.cuh) it may include, as the library gives them */
+    sc_program_header headers[32];
+    size_t n_headers = 0;
+    for (size_t i = 0; i < sci_builtin_count && n_headers < 32; i++) {
+        const size_t len = strlen(sci_builtin_sources[i].name);
+        if (len > 4 && strcmp(sci_builtin_sources[i].name + len - 4, ".cuh") == 0)
+            headers[n_headers++] = (sc_program_header){sci_builtin_sources[i].name,
+                                                       sci_builtin_sources[i].source};
+    }
     const sc_program_desc d = {.source = sci_builtin_find(SCI_QUANT_FILE),
                                .name = SCI_QUANT_FILE,
+                               .headers = headers,
+                               .n_headers = n_headers,
                                .options = ptx ? NULL : verbose,
                                .arch = arch,
                                .arch_specific = arch_specific,
