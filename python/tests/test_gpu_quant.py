@@ -117,7 +117,8 @@ def test_safecuda_buffers(torch):
     w = data(torch, (2, 256, 384), 128, seed=11)
     rq, rs, rdeq = reference(torch, w, 128)
     with sc.Context() as ctx:
-        b = ctx.from_host(w.view(torch.int16).numpy(), dtype="bf16", shape=(2, 256, 384))
+        b = ctx.from_host(w.view(torch.int16).numpy().view("uint16"), dtype="bf16",
+                          shape=(2, 256, 384))  # bf16 as its 16 raw bits ('H')
         q, s = sc.quantize_fp8_blocks(b)
         assert q.dtype is sc.DType.F8E4M3 and q.shape == (2, 256, 384)
         assert s.dtype is sc.DType.F32 and s.shape == (2, 2, 3)

@@ -627,7 +627,8 @@ def test_v2_interleaved_equals_stacked(torch, sct):
 @pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss"])
 def test_v2_weights_as_views_of_one_allocation(torch, sct, name):
     """safecuda.MoE over views into one checkpoint buffer (and one f32 buffer for the
-    biases) computes what the torch layer over separate tensors does."""
+    biases) computes what the torch layer over separate tensors does (the same bits, or on
+    sm_90, whose K shift splits the sums elsewhere for such views, within 1e-2)."""
     c, W, layer = v2_layer(torch, sct, name, seed=17)
     ctx = sc.default_context(0)
     bf16 = [n for n in ("router", "w13", "w2", "shared_w13", "shared_w2", "shared_gate")
@@ -666,7 +667,19 @@ def test_v2_weights_as_views_of_one_allocation(torch, sct, name):
     out = plain.forward(xb)
     torch.cuda.synchronize()
     got = torch.from_dlpack(out)
-    assert torch.equal(bits(got), bits(want))
+    # On sm_90 the weights at 16-byte (not 128-byte) offsets get the K shift (the sums split
+    # K elsewhere: not the same bits as whole tensors), elsewhere the same bits.
+    if torch.cuda.get_device_capability(0) == (9, 0):
+        d = (got.float() - want.float()).norm() / want.float().norm()
+        assert d.item() <= 1e-2, d.item()
+        out2 = plain.forward(xb)
+        torch.cuda.synchronize()
+        again = torch.from_dlpack(out2)
+        assert torch.equal(bits(again), bits(got))  # deterministic
+        del again
+        out2.close()
+    else:
+        assert torch.equal(bits(got), bits(want))
     del got
     for o in (out, xb, plain, big, bias_buf, layer):
         if o is not None:

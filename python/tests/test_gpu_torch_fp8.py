@@ -96,10 +96,10 @@ def x_for(torch, c, T, seed):
 def fp8_layer(sct, c, W, Q, **extra):
     kw = {n: Q[n] for n in FP8_ARGS if n in Q}
     kw.update(c["opts"])
+    kw.setdefault("max_tokens", 256)
     kw.update(extra)
     return sct.MoE(W["router"], Q["w13"], Q["w2"], top_k=c["k"], scoring=c["scoring"],
-                   renormalize=c["renormalize"], selection_bias=W["selection_bias"],
-                   max_tokens=256, **kw)
+                   renormalize=c["renormalize"], selection_bias=W["selection_bias"], **kw)
 
 
 def bf16_layer(sct, c, W):
