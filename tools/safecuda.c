@@ -572,17 +572,19 @@ static int compile_file(compile_args *a)
     if (log && log_size > 1 && sc_program_log(prog, log, log_size, NULL) == SC_OK)
         fprintf(stderr, "%s", log);
     free(log);
+    /* PTX is written as text, without the NUL the library keeps after it: the size said is
+     * the size written. */
+    const void *image;
+    uint64_t bytes;
+    sc_program_image(prog, &image, &bytes);
+    if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
+        bytes--;
     printf("%s: %s for %s_%d%s, %llu bytes, %s in %.1f ms\n", path, pp.is_ptx ? "PTX" : "cubin",
            pp.is_ptx ? "compute" : "sm", pp.arch, pp.arch_specific ? "a" : "",
-           (unsigned long long)pp.image_bytes, pp.from_cache ? "from the cache" : "compiled",
+           (unsigned long long)bytes, pp.from_cache ? "from the cache" : "compiled",
            pp.compile_ms);
     int rc = 0;
     if (a->out) {
-        const void *image;
-        uint64_t bytes;
-        sc_program_image(prog, &image, &bytes);
-        if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
-            bytes--; /* write PTX as text */
         if (write_image(a->out, image, bytes))
             printf("wrote %s\n", a->out);
         else

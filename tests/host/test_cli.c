@@ -412,6 +412,24 @@ static void test_arch_spellings(void)
              0);
     read_head("k.ptx", head, sizeof head);
     CHECK(strstr(head, ".target sm_90a") != NULL);
+    /* The size said is the size written (PTX as text: no NUL), for PTX and cubins. */
+    static const char *const sized[] = {"--arch sm_90 --ptx", "--arch compute_80", "--arch sm_90"};
+    for (size_t i = 0; i < sizeof sized / sizeof sized[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' %s -o '%s/sized.out' 2>&1", SAFECUDA_CLI, dir,
+                      sized[i], dir),
+                 0);
+        const char *comma = strstr(out, ", ");
+        unsigned long long said = comma ? strtoull(comma + 2, NULL, 10) : 0;
+        char path[300];
+        snprintf(path, sizeof path, "%s/sized.out", dir);
+        struct stat st;
+        REQUIRE(stat(path, &st) == 0);
+        if (said != (unsigned long long)st.st_size) {
+            fprintf(stderr, "compile %s -o: said %llu bytes, wrote %lld:\n%s\n", sized[i], said,
+                    (long long)st.st_size, out);
+            test_failures++;
+        }
+    }
     CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_90 -o '%s/k.cubin' 2>&1",
                   SAFECUDA_CLI, dir, dir),
              0);
