@@ -48,7 +48,9 @@ static void handle_path(void *h, const char *fallback, char *out, size_t size)
 }
 
 static const char *const install_hint =
-    "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it";
+    "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it; "
+    "on a machine without a GPU (CI), SAFECUDA_DEVICE=test selects safecuda's test device "
+    "(device memory is host memory, kernels do not run)";
 
 static void fail_status(sc_status status, const char *fmt, va_list ap)
 {

@@ -121,6 +121,7 @@ static void test_info_without_driver(void)
     CHECK_OUT("cannot load the CUDA driver library");
     CHECK_OUT("/nonexistent/libcuda.so.1");
     CHECK_OUT("install the NVIDIA driver");
+    CHECK_OUT("without a GPU (CI), SAFECUDA_DEVICE=test selects safecuda's test device");
     CHECK_OUT("NVRTC:   "); /* the compiler is there or not whatever the driver */
 
     CHECK_RC(runf(ENV "'%s' info --json 2>/dev/null", SAFECUDA_CLI), 2);
