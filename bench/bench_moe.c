@@ -1021,6 +1021,8 @@ static args parse_args(int argc, char **argv)
     }
     if (a.o.out_dir && !*a.o.out_dir)
         a.o.out_dir = NULL;
+    if (a.o.out_dir)
+        bench_make_out_dir(argv[0], a.o.out_dir); /* made now, or refused before the run */
     if (a.inputs_dir && (!*a.inputs_dir || cfg || a.save_dir))
         die_usage("--inputs DIR names one layer: not with --configs or --save-inputs");
     if (a.save_dir && !*a.save_dir)
