@@ -895,9 +895,9 @@ class View:
         return p.value + self.offset * self.dtype.size
 
     def _what(self):
-        b = self.buffer
-        name = f"'{b._label}'" if b._label else "(no label)"
-        return f"view [{self.offset}, {self.offset + self.count}) of buffer {name}"
+        # As the library's messages name a buffer: its label quoted, '' when it has none.
+        return (f"view [{self.offset}, {self.offset + self.count}) of buffer "
+                f"'{self.buffer._label or ''}'")
 
     # DLPack (the Python array API's protocol)
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):

@@ -158,6 +158,22 @@ def test_wrong_dtype(ctx):
     i.close()
 
 
+def test_unlabelled_buffer_named_alike(ctx):
+    """An unlabelled buffer reads the same in the library's messages and the package's:
+    buffer '' (with its size and creation site from the library)."""
+    f = ctx.buffer(8, "f32")
+    i = ctx.buffer(8, "i32")
+    with pytest.raises(sc.TypeMismatchError) as info:
+        i.copy_from(f)
+    assert "buffer '' of 8 i32" in info.value.message
+    with pytest.raises(sc.TypeMismatchError) as info:
+        f.copy_from_host(array.array("d", range(8)))
+    assert "of buffer '' of f32" in info.value.message
+    assert "no label" not in info.value.message
+    f.close()
+    i.close()
+
+
 def test_context_close_reports_and_frees_open_objects(log):
     ctx = sc.Context()
     b = ctx.buffer(10, "f64", label="still open")
