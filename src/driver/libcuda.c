@@ -197,6 +197,15 @@ static void load(void)
              library_path, install_hint);
         return;
     }
+    /* safecuda's test device refuses a bad SAFECUDA_TESTDEVICE_* setting at cuInit and says
+     * which and what is accepted: a configuration error, as SAFECUDA_DEVICE=garbage is. */
+    typedef const char *(*pfn_settings_error)(void);
+    pfn_settings_error settings_error =
+        (pfn_settings_error)(uintptr_t)dlsym(handle, "safecuda_testdevice_settings_error");
+    if (r != CUDA_SUCCESS && settings_error && settings_error()) {
+        fail_config("%s", settings_error());
+        return;
+    }
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_NO_DEVICE) {
         pfn_error_text name_fn = (pfn_error_text)(uintptr_t)dlsym(handle, "cuGetErrorName");
         const char *name = NULL;
