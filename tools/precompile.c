@@ -31,10 +31,8 @@ static void precompile_usage(FILE *f)
             "                     library's cache folder: $SAFECUDA_CACHE_DIR, else\n"
             "                     $XDG_CACHE_HOME/safecuda, else ~/.cache/safecuda\n"
             "  -h, --help         show this text\n"
-            "\n"
-            "exit status: 0 every file compiled or already cached; 1 failed (a compile error,\n"
-            "a folder that cannot be written); 2 no NVRTC, or no device and no --arch;\n"
-            "64 bad usage\n");
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void print_file(const sc_precompile_file *f, void *user)
@@ -134,6 +132,10 @@ int cmd_precompile(int argc, char **argv)
     if (t.arch == 0) {
         int count = 0;
         sc_status s = sc_device_count(&count);
+        if (s == SC_ERR_INVALID_ARGUMENT) { /* a bad SAFECUDA_* setting */
+            fprintf(stderr, "safecuda precompile: %s\n", sc_last_error());
+            return EXIT_USAGE;
+        }
         if (s != SC_OK || count == 0) {
             fprintf(stderr,
                     "safecuda precompile: no CUDA device here (%s): name the target with "

@@ -16,8 +16,10 @@
  *                            TARGET (sm_XY, sm_XYa, XY or native); tools/precompile.c
  *   safecuda version
  *
- * Exit status: 0 success, 1 failure (also output that cannot be written), 2 no usable
- * driver or device (or no NVRTC for compile and precompile), 64 bad usage. */
+ * Exit status: one table for every command (print_exit_statuses): 0 done, 1 failed (also
+ * output that cannot be written, a driver that is there but broken), 2 nothing to run on
+ * (no driver or device; no NVRTC for compile and precompile), 64 bad usage (also a bad
+ * SAFECUDA_* setting, SC_ERR_INVALID_ARGUMENT from the driver's loading). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +29,28 @@
 
 #include "tool.h"
 
+void print_exit_statuses(FILE *f)
+{
+    fprintf(f,
+            "exit status (every command):\n"
+            "  0   done\n"
+            "  1   failed: a compile error, an input that can't be read, an output that can't be\n"
+            "      written, a driver that is installed but not usable\n"
+            "  2   nothing to run on: no NVIDIA driver or no device (info; compile and precompile\n"
+            "      without --arch), or no NVRTC (compile, precompile)\n"
+            "  64  bad usage: an unknown command, option or argument, a bad value, or a bad\n"
+            "      SAFECUDA_* setting (SAFECUDA_DEVICE, SAFECUDA_TESTDEVICE_*)\n");
+}
+
+int driver_exit(sc_status s)
+{
+    if (s == SC_OK)
+        return 0;
+    if (s == SC_ERR_NO_DRIVER || s == SC_ERR_NO_DEVICE || s == SC_ERR_NO_COMPILER)
+        return EXIT_NO_GPU;
+    return s == SC_ERR_INVALID_ARGUMENT ? EXIT_USAGE : 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -34,6 +58,7 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  info [--json]   show NVRTC, the driver and every device's properties\n"
+            "                  (safecuda info --help says more)\n"
             "  compile FILE.cu [--arch TARGET] [--ptx] [-o OUT] [-I DIR] [-D NAME[=V]]\n"
             "                  [NVRTC options...]\n"
             "                  compile with NVRTC as the library does (same options and\n"
@@ -47,7 +72,25 @@ static void usage(FILE *f)
             "                  there never waits for NVRTC\n"
             "                  (safecuda precompile --help shows the options)\n"
             "  version         show safecuda's version\n"
-            "  help            show this text\n");
+            "  help            show this text\n"
+            "\n");
+    print_exit_statuses(f);
+}
+
+static void info_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: safecuda info [--json]\n"
+            "\n"
+            "Shows safecuda's version, NVRTC (the compiler needs no GPU), the driver and every\n"
+            "device's properties. Without a driver or a device it says why, still shows NVRTC,\n"
+            "and exits 2. SAFECUDA_DEVICE=test shows the test device instead of a GPU.\n"
+            "\n"
+            "  --json      the same as one JSON object (\"error\" and \"message\" say why\n"
+            "              where there is no driver or device)\n"
+            "  -h, --help  show this text\n"
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void compile_usage(FILE *f)
@@ -82,9 +125,8 @@ static void compile_usage(FILE *f)
             "Other options starting with '-' go to NVRTC as they are, in NVRTC's form\n"
             "(-lineinfo, --use_fast_math, -maxrregcount=64, ...).\n"
             "\n"
-            "exit status: 0 compiled; 1 failed (a compile error, an input that cannot be\n"
-            "read, an output that cannot be written); 2 no NVRTC, or no device and no --arch;\n"
-            "64 bad usage\n");
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void json_string(const char *s)
@@ -144,6 +186,12 @@ static int cmd_info(int argc, char **argv)
 {
     bool json = false;
     for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            info_usage(stdout);
+            return 0;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else {
@@ -189,7 +237,7 @@ static int cmd_info(int argc, char **argv)
         }
         fflush(stdout);
         fprintf(stderr, "safecuda info: %s\n", reason);
-        return s == SC_ERR_NO_DRIVER || s == SC_ERR_NO_DEVICE ? EXIT_NO_GPU : 1;
+        return driver_exit(s);
     }
 
     if (json) {
@@ -535,8 +583,13 @@ static int compile_file(compile_args *a)
     const int arch = a->t.arch;
     sc_context ctx = {0};
     int count = 0;
-    bool have_device = sc_device_count(&count) == SC_OK && count > 0 &&
-                       sc_context_create(NULL, &ctx) == SC_OK;
+    sc_status ds = sc_device_count(&count);
+    if (ds == SC_ERR_INVALID_ARGUMENT) { /* a bad SAFECUDA_* setting */
+        fprintf(stderr, "safecuda compile: %s\n", sc_last_error());
+        free(source);
+        return EXIT_USAGE;
+    }
+    bool have_device = ds == SC_OK && count > 0 && sc_context_create(NULL, &ctx) == SC_OK;
     if (!have_device && arch == 0) {
         fprintf(stderr, "safecuda compile: no CUDA device here: name the target with --arch "
                         "(e.g. --arch sm_90)\n");

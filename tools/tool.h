@@ -21,6 +21,13 @@ typedef struct target {
  * for anything else, with *family set for sm_XYf (family-specific, not supported). */
 bool parse_target(const char *text, target *t, bool *family);
 
+/* The table of exit statuses every command's help shows. */
+void print_exit_statuses(FILE *f);
+
+/* The exit status for a status of the driver's or NVRTC's loading: 0, 2 (no driver, device
+ * or NVRTC), 64 (SC_ERR_INVALID_ARGUMENT: a bad SAFECUDA_* setting) or 1. */
+int driver_exit(sc_status s);
+
 /* safecuda precompile (tools/precompile.c). */
 int cmd_precompile(int argc, char **argv);
 

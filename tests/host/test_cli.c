@@ -142,6 +142,59 @@ static void test_info_without_driver(void)
     CHECK_OUT("\"nvrtc_error\": \"sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
 }
 
+/* The one table of exit statuses, in every command's help, and what the statuses are: a
+ * bad SAFECUDA_* setting is bad usage (64) everywhere the driver is used, no driver is 2. */
+#define EXIT_TABLE                                                                            \
+    "exit status (every command):\n"                                                          \
+    "  0   done\n"                                                                            \
+    "  1   failed: a compile error, an input that can't be read, an output that can't be\n"  \
+    "      written, a driver that is installed but not usable\n"                              \
+    "  2   nothing to run on: no NVIDIA driver or no device (info; compile and precompile\n"  \
+    "      without --arch), or no NVRTC (compile, precompile)\n"                             \
+    "  64  bad usage: an unknown command, option or argument, a bad value, or a bad\n"      \
+    "      SAFECUDA_* setting (SAFECUDA_DEVICE, SAFECUDA_TESTDEVICE_*)\n"
+
+static void test_exit_statuses(void)
+{
+    static const char *const helps[] = {"help", "--help", "info --help", "info -h",
+                                        "compile --help", "precompile --help"};
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' %s 2>&1", SAFECUDA_CLI, helps[i]), 0);
+        CHECK_OUT(EXIT_TABLE);
+    }
+    CHECK_RC(runf(ENV "'%s' info --help 2>&1", SAFECUDA_CLI), 0);
+    CHECK_OUT("usage: safecuda info [--json]");
+
+    /* A bad setting: 64 with the setting named, for info (text and JSON), compile without
+     * --arch and precompile without --arch (both need the driver then). */
+    static const struct {
+        const char *env, *named;
+    } settings[] = {
+        {"SAFECUDA_DEVICE=garbage", "SAFECUDA_DEVICE=garbage is not a device safecuda knows"},
+        {"SAFECUDA_DEVICE=test SAFECUDA_TESTDEVICE_CC=abc", "SAFECUDA_TESTDEVICE_CC=abc: "},
+        {"SAFECUDA_DEVICE=test SAFECUDA_TESTDEVICE_MEMORY_MB=0",
+         "SAFECUDA_TESTDEVICE_MEMORY_MB=0: "},
+    };
+    write_file("k.cu", "extern \"C\" __global__ void k(float *x) { x[0] = 1.0f; }\n");
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+        const char *env = settings[i].env;
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' info 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' info --json 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT("\"error\": \"SC_ERR_INVALID_ARGUMENT\"");
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' compile '%s/k.cu' 2>&1", env, SAFECUDA_CLI,
+                      dir),
+                 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_NOT_OUT("no CUDA device here");
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' precompile 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_NOT_OUT("no CUDA device here");
+    }
+    /* No driver stays 2; a broken driver is 1 (not "no GPU"). */
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+}
+
 static void test_usage(void)
 {
     CHECK_RC(runf("'%s' frobnicate 2>&1", SAFECUDA_CLI), 64);
@@ -265,7 +318,7 @@ static void test_precompile_usage(void)
         CHECK_OUT("usage: safecuda precompile [--arch TARGET] [--cache-dir DIR]");
         CHECK_OUT("--cache-dir DIR");
         CHECK_OUT("sm_XYa       the same as sm_XY");
-        CHECK_OUT("exit status: 0 every file compiled or already cached");
+        CHECK_OUT("exit status (every command):");
     }
     CHECK_RC(runf("'%s' help", SAFECUDA_CLI), 0);
     CHECK_OUT("precompile [--arch TARGET] [--cache-dir DIR]");
@@ -608,6 +661,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_info_without_driver();
     test_usage();
+    test_exit_statuses();
     test_unreadable_input();
     test_stdout_unwritable();
     test_precompile_usage();
