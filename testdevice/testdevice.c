@@ -8,8 +8,10 @@
  * (every row of SCI_CU_FUNCS in src/driver/cuda_api.h) on host memory. It is installed
  * beside libsafecuda; select it with
  *
- *     SAFECUDA_DEVICE=test                 (found beside libsafecuda, in the install
- *                                           folder, or through the dynamic linker)
+ *     SAFECUDA_DEVICE=test                 (found beside libsafecuda or the program, in
+ *                                           their prefix's library folders, the configured
+ *                                           libdir, or through the dynamic linker:
+ *                                           src/driver/libcuda.c)
  *     SAFECUDA_LIBCUDA=/path/to/libsafecuda_testdevice.so
  *
  * What it models:

@@ -299,6 +299,42 @@ static void test_unreadable_input(void)
     CHECK_OUT("no CUDA device here");
 }
 
+/* SAFECUDA_DEVICE=test from a copy of the command elsewhere: where it is not, the message
+ * lists every folder looked in (beside the program, its prefix's library folders, the
+ * configured libdir, the prefix); then found in <prefix>/lib64, through PATH (argv[0] names
+ * no folder), and through a link to the program from another folder. */
+static void test_finds_test_device(void)
+{
+    CHECK_RC(runf("mkdir -p '%s/tree/bin' '%s/links' && cp '%s' '%s/tree/bin/safecuda'", dir, dir,
+                  SAFECUDA_CLI, dir),
+             0);
+    const char *env = "SAFECUDA_DEVICE=test SAFECUDA_CACHE=0 LD_LIBRARY_PATH= ";
+    CHECK_RC(runf("%s'%s/tree/bin/safecuda' info 2>&1", env, dir), 2);
+    char want[1024];
+    snprintf(want, sizeof want,
+             "cannot load the safecuda test device (SAFECUDA_DEVICE=test): "
+             "libsafecuda_testdevice.so is not in %s/tree/bin, %s/tree/lib, %s/tree/lib64",
+             dir, dir, dir);
+    CHECK_OUT(want);
+    snprintf(want, sizeof want, ", %s/tree, nor found by the dynamic linker", dir);
+    CHECK_OUT(want);
+
+    CHECK_RC(runf("mkdir -p '%s/tree/lib64' && cp '%s' '%s/tree/lib64/'", dir,
+                  SAFECUDA_TESTDEVICE_LIB, dir),
+             0);
+    CHECK_RC(runf("%s'%s/tree/bin/safecuda' info 2>&1", env, dir), 0);
+    CHECK_OUT("safecuda test device (host memory, runs no kernels)");
+    snprintf(want, sizeof want, "(%s/tree/lib64/libsafecuda_testdevice.so)", dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("%sPATH='%s/tree/bin':\"$PATH\" safecuda info 2>&1", env, dir), 0);
+    CHECK_OUT(want);
+    CHECK_RC(runf("ln -s '%s/tree/bin/safecuda' '%s/links/safecuda' && %s'%s/links/safecuda' "
+                  "info 2>&1",
+                  dir, dir, env, dir),
+             0);
+    CHECK_OUT(want);
+}
+
 static void test_stdout_unwritable(void)
 {
     /* What the tool prints is its output: a failed write to stdout is a failure. */
@@ -663,6 +699,7 @@ int main(void)
     test_usage();
     test_exit_statuses();
     test_unreadable_input();
+    test_finds_test_device();
     test_stdout_unwritable();
     test_precompile_usage();
 
