@@ -166,6 +166,21 @@ SC_API sc_status sc_compiler_version(int *major, int *minor);
  * SC_ERR_NO_COMPILER (buf untouched) says what was tried. Needs no driver or device. */
 SC_API sc_status sc_compiler_path(char *buf, size_t size);
 
+/* The architectures NVRTC compiles for, ascending, as XY (75 for sm_75, 121 for sm_121):
+ * the first min(capacity, all) into archs, how many there are into *count (archs may be
+ * NULL with capacity 0 to ask only that). A cubin is built for these only; another
+ * architecture gets PTX for the newest of them below it (which the driver compiles when it
+ * loads it), or nothing when none is below it. The architecture-specific form (sm_XYa,
+ * sc_program_desc.arch_specific) exists for sm_90 and newer (SC_ARCH_SPECIFIC_MIN).
+ * SC_ERR_INVALID_ARGUMENT for a NULL count, or a NULL archs with capacity > 0;
+ * SC_ERR_NO_COMPILER when NVRTC can't be loaded; SC_ERR_NOT_SUPPORTED (*count 0) for an
+ * NVRTC too old to say (before 11.2: it decides at compile time). Needs no driver or
+ * device. */
+SC_API sc_status sc_compiler_archs(int *archs, size_t capacity, size_t *count);
+
+/* The oldest architecture with an architecture-specific form (sm_90a). */
+#define SC_ARCH_SPECIFIC_MIN 90
+
 /* ======================================================================================
  * Devices
  * ==================================================================================== */
@@ -606,7 +621,9 @@ typedef struct sc_program_desc {
                                                that architecture only, so with a context a
                                                nonzero arch must be the device's, and an
                                                arch NVRTC does not know has no PTX fallback:
-                                               both are SC_ERR_NOT_SUPPORTED */
+                                               both are SC_ERR_NOT_SUPPORTED; an arch
+                                               older than SC_ARCH_SPECIFIC_MIN (sm_90) has
+                                               no such form: SC_ERR_INVALID_ARGUMENT */
 } sc_program_desc;
 
 /* Compile desc->source (see above). ctx may be the zero handle for a compile-only program

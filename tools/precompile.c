@@ -23,7 +23,7 @@ static void precompile_usage(FILE *f)
             "        sm_XY, XY    e.g. sm_90 (the library builds the *_sm90a.cu files for\n"
             "                     sm_90a there and the others for sm_90) or sm_80 (the\n"
             "                     *_sm90a.cu files are skipped)\n"
-            "        sm_XYa       the same as sm_XY\n"
+            "        sm_XYa       the same as sm_XY (sm_90 and newer have this form)\n"
             "        native       the device here (the default when there is one; with\n"
             "                     SAFECUDA_DEVICE=test, PTX images as the test device loads)\n"
             "        Without a device, --arch is required.\n"
@@ -88,20 +88,9 @@ int cmd_precompile(int argc, char **argv)
         if (r < 0)
             return EXIT_USAGE;
         if (r > 0) {
-            bool family = false;
             if (arch_text) {
                 fprintf(stderr, "safecuda precompile: --arch given twice ('%s' and '%s')\n",
                         arch_text, v);
-                return EXIT_USAGE;
-            }
-            if (!parse_target(v, &t, &family) || t.ptx) {
-                fprintf(stderr,
-                        "safecuda precompile: bad --arch '%s': write sm_XY, sm_XYa, XY or "
-                        "native, the device's architecture (e.g. sm_90a, sm_90, sm_80)%s\n",
-                        v,
-                        t.ptx ? "; the library loads cubins there, so PTX targets "
-                                "(compute_XY) are not offered"
-                              : family ? "; family-specific targets are not supported" : "");
                 return EXIT_USAGE;
             }
             arch_text = v;
@@ -126,6 +115,9 @@ int cmd_precompile(int argc, char **argv)
                 argv[i]);
         return EXIT_USAGE;
     }
+
+    if (arch_text && !target_parse("precompile", "--arch", arch_text, TARGET_DEVICE, false, &t))
+        return EXIT_USAGE;
 
     /* Without --arch (or with native): the device here, through a context on it. */
     sc_context ctx = {0};

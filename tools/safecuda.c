@@ -106,7 +106,8 @@ static void compile_usage(FILE *f)
             "  --arch TARGET, -arch TARGET, --gpu-architecture TARGET\n"
             "        sm_XY        cubin for sm_XY (e.g. sm_90); XY alone (90) is the same\n"
             "        sm_XYa       cubin with sm_XY's architecture-specific features (sm_90a:\n"
-            "                     wgmma, setmaxnreg); it runs on that architecture only\n"
+            "                     wgmma, setmaxnreg); it runs on that architecture only;\n"
+            "                     sm_90 and newer have this form\n"
             "        compute_XY, compute_XYa\n"
             "                     PTX for that virtual architecture\n"
             "        native       the device here (the default when there is one)\n"
@@ -351,36 +352,6 @@ static char *read_text(const char *path, const char **why)
     return data;
 }
 
-bool parse_target(const char *text, target *t, bool *family)
-{
-    memset(t, 0, sizeof *t);
-    *family = false;
-    if (strcmp(text, "native") == 0)
-        return true;
-    const char *p = text;
-    if (strncmp(p, "sm_", 3) == 0) {
-        p += 3;
-    } else if (strncmp(p, "compute_", 8) == 0) {
-        p += 8;
-        t->ptx = true;
-    }
-    int digits = 0, value = 0;
-    while (p[digits] >= '0' && p[digits] <= '9' && digits < 4)
-        value = value * 10 + (p[digits++] - '0');
-    if (digits < 2 || digits > 3 || value < 50)
-        return false;
-    p += digits;
-    if (*p == 'a') {
-        t->specific = true;
-        p++;
-    } else if (*p == 'f' && p[1] == '\0') {
-        *family = true;
-        return false;
-    }
-    t->arch = value;
-    return *p == '\0';
-}
-
 /* An option with a value, in nvcc's spellings: "NAME VALUE" and "NAME=VALUE", and when
  * attached, for the one-letter names, "-XVALUE". 1: argv[*i] is the option (*value and
  * *name set, *i past a separate value); 0: it is not; -1: the value is missing (said on
@@ -449,6 +420,7 @@ static bool write_image(const char *path, const void *image, uint64_t bytes)
 typedef struct compile_args {
     const char *path, *out;
     const char *arch_text; /* as given, for messages */
+    const char *arch_name; /* the option's name as given (--arch, -arch, ...) */
     target t;
     bool ptx;
     const char **options; /* for NVRTC, NULL-terminated */
@@ -484,28 +456,13 @@ static int parse_compile(int argc, char **argv, compile_args *a)
         if (r < 0)
             return EXIT_USAGE;
         if (r > 0) {
-            bool family = false;
             if (a->arch_text) {
                 fprintf(stderr, "safecuda compile: --arch given twice ('%s' and '%s')\n",
                         a->arch_text, v);
                 return EXIT_USAGE;
             }
-            if (!parse_target(v, &a->t, &family)) {
-                if (family) {
-                    size_t n = strlen(v) - 1;
-                    fprintf(stderr,
-                            "safecuda compile: %s '%s': family-specific targets are not "
-                            "supported; write %.*sa (%.*s only) or %.*s\n",
-                            name, v, (int)n, v, (int)n, v, (int)n, v);
-                } else {
-                    fprintf(stderr,
-                            "safecuda compile: bad %s '%s': write sm_XY, sm_XYa, compute_XY, "
-                            "compute_XYa, XY or native (e.g. sm_90, sm_90a, compute_90)\n",
-                            name, v);
-                }
-                return EXIT_USAGE;
-            }
-            a->arch_text = v;
+            a->arch_text = v; /* checked once --ptx is known */
+            a->arch_name = name;
             continue;
         }
         r = option_value(argc, argv, &i, out_names, false, "kernel.cubin", &v, &name);
@@ -555,6 +512,9 @@ static int parse_compile(int argc, char **argv, compile_args *a)
             return EXIT_USAGE;
         }
     }
+    if (a->arch_text &&
+        !target_parse("compile", a->arch_name, a->arch_text, TARGET_COMPILE, a->ptx, &a->t))
+        return EXIT_USAGE;
     if (!a->path) {
         fprintf(stderr,
                 "safecuda compile: no input file (safecuda compile --help shows the options)\n");
