@@ -111,7 +111,9 @@ static void compile_usage(FILE *f)
             "        compute_XY, compute_XYa\n"
             "                     PTX for that virtual architecture\n"
             "        native       the device here (the default when there is one)\n"
-            "        Without a device, --arch is required.\n"
+            "        Without a device, --arch is required. A cubin is built for what this\n"
+            "        NVRTC builds only (a refusal lists it); for another architecture, --ptx\n"
+            "        or compute_XY gives PTX for the newest one it builds below it.\n"
             "  --ptx, -ptx        PTX instead of a cubin (compute_XY for sm_XY)\n"
             "  -o FILE, --output-file FILE\n"
             "                     write the image to FILE (a cubin, or PTX as text)\n"
@@ -596,6 +598,11 @@ static int compile_file(compile_args *a)
            pp.is_ptx ? "compute" : "sm", pp.arch, pp.arch_specific ? "a" : "",
            (unsigned long long)bytes, pp.from_cache ? "from the cache" : "compiled",
            pp.compile_ms);
+    if (arch && pp.arch != arch) /* PTX opted in for an architecture NVRTC does not build */
+        fprintf(stderr,
+                "note: NVRTC builds no sm_%d: PTX for compute_%d, which the driver compiles for "
+                "sm_%d when it loads it\n",
+                arch, pp.arch, arch);
     int rc = 0;
     if (a->out) {
         if (write_image(a->out, image, bytes))

@@ -121,7 +121,11 @@ bool target_parse(const char *cmd, const char *opt, const char *text, target_use
                       "architecture-specific code needs an NVRTC that builds sm_%d (PTX for an "
                       "older architecture would not have its features)",
                       t->arch);
-    (void)below;
-    (void)ptx; /* (PTX opt-in: for a cubin NVRTC does not build, next) */
+    if (!t->ptx && !ptx)
+        return refuse(cmd, opt, text, range,
+                      "NVRTC builds no cubin for sm_%d; the newest architecture it builds below "
+                      "it is sm_%d: --ptx (or compute_%d) writes PTX for compute_%d, which the "
+                      "driver compiles for sm_%d when it loads it",
+                      t->arch, below, t->arch, below, t->arch);
     return true;
 }

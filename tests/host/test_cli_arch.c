@@ -5,9 +5,9 @@
  * Without NVRTC (forced: SAFECUDA_NVRTC names no file): spellings that are not targets,
  * family-specific targets, the a form before sm_90 and targets older than sm_50, for both
  * commands; PTX targets for precompile. With NVRTC (skipped with the reason where it can't
- * be loaded): targets older than NVRTC's oldest, sm_80a (no NVRTC "catastrophic error"),
- * sm_XYa for an architecture NVRTC does not build, the accepted spellings and what they
- * build. */
+ * be loaded): targets older than NVRTC's oldest, sm_80a (no NVRTC "catastrophic error"), a
+ * cubin for an architecture NVRTC does not build (an error naming the newest below it;
+ * --ptx or compute_XY opts in to its PTX), the accepted spellings and what they build. */
 #include "cli_test.h"
 
 #define NO_NVRTC ENV "SAFECUDA_NVRTC=/nonexistent/libnvrtc.so "
@@ -216,8 +216,8 @@ static void test_refusals_with_nvrtc(void)
              range, A_FORM, ENV "'%s' compile '%s/k.cu' --arch sm_80a 2>&1", SAFECUDA_CLI, dir);
     CHECK_NOT_OUT("catastrophic");
 
-    /* Architectures NVRTC does not build: newer than its newest, and one in a gap of its
-     * list (sm_101 with NVRTC 13, which has sm_100 and sm_103). */
+    /* A cubin for an architecture NVRTC does not build: newer than its newest, and one in a
+     * gap of its list (sm_101 with NVRTC 13, which has sm_100 and sm_103). */
     int gap = 0;
     for (size_t i = 0; i + 1 < n_archs && !gap; i++)
         if (archs[i] < 101 && archs[i + 1] > 101)
@@ -230,6 +230,18 @@ static void test_refusals_with_nvrtc(void)
         int u = unbuilt[i];
         if (!u)
             continue;
+        int below = 0;
+        for (size_t j = 0; j < n_archs; j++)
+            if (archs[j] < u)
+                below = archs[j];
+        snprintf(want, sizeof want,
+                 "safecuda compile: --arch 'sm_%d': NVRTC builds no cubin for sm_%d; the newest "
+                 "architecture it builds below it is sm_%d: --ptx (or compute_%d) writes PTX for "
+                 "compute_%d, which the driver compiles for sm_%d when it loads it. ",
+                 u, u, below, u, below, u);
+        refusedf(want, range, A_FORM, ENV "'%s' compile '%s/k.cu' --arch sm_%d -o '%s/u.cubin' 2>&1",
+                 SAFECUDA_CLI, dir, u, dir);
+        CHECK(!exists("u.cubin"));
         /* The a form needs NVRTC to know the architecture: no PTX way out. */
         if (u >= 90) {
             snprintf(want, sizeof want,
@@ -239,6 +251,22 @@ static void test_refusals_with_nvrtc(void)
             refusedf(want, range, A_FORM, ENV "'%s' compile '%s/k.cu' --arch sm_%da 2>&1",
                      SAFECUDA_CLI, dir, u);
         }
+        /* The opt-in to PTX: --ptx or compute_XY, said in a note. */
+        char built[64], note[256];
+        snprintf(built, sizeof built, "PTX for compute_%d, ", below);
+        snprintf(note, sizeof note,
+                 "note: NVRTC builds no sm_%d: PTX for compute_%d, which the driver compiles "
+                 "for sm_%d when it loads it", u, below, u);
+        CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_%d --ptx -o '%s/u.ptx' 2>&1",
+                      SAFECUDA_CLI, dir, u, dir),
+                 0);
+        CHECK_OUT(built);
+        CHECK_OUT(note);
+        CHECK(exists("u.ptx"));
+        CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch compute_%d 2>&1", SAFECUDA_CLI, dir, u),
+                 0);
+        CHECK_OUT(built);
+        CHECK_OUT(note);
     }
 }
 
