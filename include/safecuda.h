@@ -650,6 +650,22 @@ typedef struct sc_program_props {
                               compute_90a for PTX) rather than sm_90 */
 } sc_program_props;
 
+/* The disk cache of compiled programs as this process sees it now: the folder from
+ * SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else ~/.cache/safecuda (made if
+ * needed, as a compile would make it), and whether it is used. A folder that can't be used
+ * (a file, under a file, not writable) turns the cache off: every program is compiled again
+ * on every run, and the library says so once per folder through the log callback;
+ * SAFECUDA_CACHE=0 turns it off on purpose, without that warning. SC_ERR_INVALID_ARGUMENT
+ * for a NULL props. Needs no driver or NVRTC. */
+typedef struct sc_cache_props {
+    bool on;           /* programs are read from and written to dir */
+    char dir[768];      /* the folder, also one that can't be used; "" when none is set */
+    char problem[1024]; /* why the cache is off ("" when on): "off: SAFECUDA_CACHE=0", "no
+                           folder: ...", "SAFECUDA_CACHE_DIR=D can't be used: Not a
+                           directory", ... */
+} sc_cache_props;
+SC_API sc_status sc_cache_info(sc_cache_props *props);
+
 /* What was built: target, image size, cache use and compile time. */
 SC_API sc_status sc_program_info(sc_program program, sc_program_props *props);
 /* The NVRTC log (warnings); "" when the image came from the cache. Copies up to size

@@ -82,9 +82,14 @@ static void info_usage(FILE *f)
     fprintf(f,
             "usage: safecuda info [--json]\n"
             "\n"
-            "Shows safecuda's version, NVRTC (the compiler needs no GPU), the driver and every\n"
-            "device's properties. Without a driver or a device it says why, still shows NVRTC,\n"
-            "and exits 2. SAFECUDA_DEVICE=test shows the test device instead of a GPU.\n"
+            "Shows safecuda's version, NVRTC (the compiler needs no GPU), the disk cache of\n"
+            "compiled kernels, the driver and every device's properties. Without a driver or a\n"
+            "device it says why, still shows NVRTC and the cache, and exits 2.\n"
+            "SAFECUDA_DEVICE=test shows the test device instead of a GPU.\n"
+            "\n"
+            "The cache is $SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else\n"
+            "~/.cache/safecuda; a folder that can't be used turns it off (said here and once\n"
+            "through the library's log), and SAFECUDA_CACHE=0 turns it off on purpose.\n"
             "\n"
             "  --json      the same as one JSON object (\"error\" and \"message\" say why\n"
             "              where there is no driver or device)\n"
@@ -185,6 +190,29 @@ static void nvrtc_text(const nvrtc_info *nv)
         printf("NVRTC:   not available (%s)\n", nv->error);
 }
 
+/* The disk cache: its folder, or why it is off. */
+static void cache_json(void)
+{
+    sc_cache_props c;
+    sc_cache_info(&c);
+    printf(",\n  \"cache_on\": %s,\n  \"cache_dir\": ", c.on ? "true" : "false");
+    json_string(c.dir);
+    printf(",\n  \"cache_problem\": ");
+    json_string(c.problem);
+}
+
+static void cache_text(void)
+{
+    sc_cache_props c;
+    sc_cache_info(&c);
+    if (c.on)
+        printf("cache:   %s\n", c.dir);
+    else if (strncmp(c.problem, "off: ", 5) == 0) /* on purpose */
+        printf("cache:   %s\n", c.problem);
+    else
+        printf("cache:   off: %s; every program is compiled again on every run\n", c.problem);
+}
+
 static int cmd_info(int argc, char **argv)
 {
     bool json = false;
@@ -229,6 +257,7 @@ static int cmd_info(int argc, char **argv)
                 json_string(path);
             }
             nvrtc_json(&nv);
+            cache_json();
             printf("\n}\n");
         } else {
             printf("safecuda %s\n", sc_version_string());
@@ -237,6 +266,7 @@ static int cmd_info(int argc, char **argv)
             else
                 printf("driver:  not available (the reason follows)\n");
             nvrtc_text(&nv);
+            cache_text();
         }
         fflush(stdout);
         fprintf(stderr, "safecuda info: %s\n", reason);
@@ -250,11 +280,13 @@ static int cmd_info(int argc, char **argv)
                (driver % 1000) / 10);
         json_string(path);
         nvrtc_json(&nv);
+        cache_json();
         printf(",\n  \"devices\": [");
     } else {
         printf("safecuda %s\n", sc_version_string());
         printf("driver:  CUDA %d.%d (%s)\n", driver / 1000, (driver % 1000) / 10, path);
         nvrtc_text(&nv);
+        cache_text();
         printf("devices: %d\n", count);
     }
 

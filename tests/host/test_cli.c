@@ -95,6 +95,46 @@ static void test_exit_statuses(void)
     CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
 }
 
+/* safecuda info says where the disk cache is, and why it is off when it is: on purpose
+ * (SAFECUDA_CACHE=0) or a folder that can't be used (every run compiles again). */
+static void test_info_cache(void)
+{
+    const char *no_driver = "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1";
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+    CHECK_OUT("cache:   off: SAFECUDA_CACHE=0\n");
+    write_file("not-a-folder", "x\n");
+    char want[512];
+    CHECK_RC(runf("%s SAFECUDA_CACHE_DIR='%s/not-a-folder/kc' '%s' info 2>&1", no_driver, dir,
+                  SAFECUDA_CLI),
+             2);
+    snprintf(want, sizeof want,
+             "cache:   off: SAFECUDA_CACHE_DIR=%s/not-a-folder/kc can't be used: Not a "
+             "directory; every program is compiled again on every run\n",
+             dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("%s SAFECUDA_CACHE_DIR='%s/not-a-folder/kc' '%s' info --json 2>&1", no_driver,
+                  dir, SAFECUDA_CLI),
+             2);
+    CHECK_OUT("\"cache_on\": false");
+    snprintf(want, sizeof want, "\"cache_dir\": \"%s/not-a-folder/kc\"", dir);
+    CHECK_OUT(want);
+    CHECK_OUT("\"cache_problem\": \"SAFECUDA_CACHE_DIR=");
+    /* A usable folder, with the test device (the devices' part prints it too). */
+    CHECK_RC(runf("SAFECUDA_DEVICE=test SAFECUDA_CACHE_DIR='%s/info-kc' '%s' info 2>&1", dir,
+                  SAFECUDA_CLI),
+             0);
+    snprintf(want, sizeof want, "cache:   %s/info-kc\n", dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("SAFECUDA_DEVICE=test SAFECUDA_CACHE_DIR='%s/info-kc' '%s' info --json 2>&1",
+                  dir, SAFECUDA_CLI),
+             0);
+    CHECK_OUT("\"cache_on\": true");
+    CHECK_OUT("\"cache_problem\": \"\"");
+    /* The help says how to turn it off. */
+    CHECK_RC(runf("'%s' info --help 2>&1", SAFECUDA_CLI), 0);
+    CHECK_OUT("SAFECUDA_CACHE=0");
+}
+
 static void test_usage(void)
 {
     CHECK_RC(runf("'%s' frobnicate 2>&1", SAFECUDA_CLI), 64);
@@ -500,6 +540,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_info_without_driver();
     test_usage();
+    test_info_cache();
     test_exit_statuses();
     test_unreadable_input();
     test_finds_test_device();
