@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +80,40 @@ typedef struct bench_opts {
     bool quick;          /* smoke-test sizes and counts: the numbers are not results */
 } bench_opts;
 
+/* Make --out's folder (and its parents) at the start, so that a run never ends unable to
+ * write its results; one that can't be made ends the program here (exit 2, as bad usage). */
+static inline void bench_make_out_dir(const char *program, const char *dir)
+{
+    const char *slash = strrchr(program, '/');
+    const char *name = slash ? slash + 1 : program;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        fprintf(stderr, "%s: --out %s: can't make the folder: %s\n", name, dir,
+                strerror(ENAMETOOLONG));
+        exit(2);
+    }
+    for (char *p = path + 1;; p++) {
+        bool end = *p == '\0';
+        if (!end && *p != '/')
+            continue;
+        *p = '\0';
+        struct stat st;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "%s: --out %s: can't make the folder: %s\n", name, dir,
+                    strerror(errno));
+            exit(2);
+        }
+        if (end && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
+            fprintf(stderr, "%s: --out %s: can't make the folder: %s\n", name, dir,
+                    strerror(ENOTDIR));
+            exit(2);
+        }
+        if (end)
+            break;
+        *p = '/';
+    }
+}
+
 static inline bench_opts bench_parse_args(int argc, char **argv, const char *about)
 {
     bench_opts o = {NULL, false};
@@ -92,7 +127,7 @@ static inline bench_opts bench_parse_args(int argc, char **argv, const char *abo
             o.out_dir = a + 6;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: %s [--out DIR] [--quick]\n%s\n"
-                   "  --out DIR  also write the results as CSV into DIR\n"
+                   "  --out DIR  also write the results as CSV into DIR (made if needed)\n"
                    "  --quick    few sizes and repetitions (a smoke test, not a result)\n"
                    "environment: SAFECUDA_BENCH_PYTHON (default python3), "
                    "SAFECUDA_BENCH_NO_PEER=1 (skip the torch peer)\n",
@@ -105,6 +140,8 @@ static inline bench_opts bench_parse_args(int argc, char **argv, const char *abo
     }
     if (o.out_dir && !*o.out_dir)
         o.out_dir = NULL;
+    if (o.out_dir)
+        bench_make_out_dir(argv[0], o.out_dir);
     return o;
 }
 

@@ -1074,6 +1074,8 @@ static args parse_args(int argc, char **argv)
                   a.inputs_dir ? "--inputs" : "--save-inputs");
     if (a.fp8 && a.backend == SC_MOE_BACKEND_MMA)
         die_usage("--fp8 is not with --backend mma: fp8 experts run on the SM90 backend only");
+    if (a.o.out_dir)
+        bench_make_out_dir(argv[0], a.o.out_dir); /* made now, or refused before the run */
     if (a.inputs_dir && (!*a.inputs_dir || cfg || a.save_dir))
         die_usage("--inputs DIR names one layer: not with --configs or --save-inputs");
     if (a.save_dir && !*a.save_dir)

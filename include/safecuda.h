@@ -166,6 +166,21 @@ SC_API sc_status sc_compiler_version(int *major, int *minor);
  * SC_ERR_NO_COMPILER (buf untouched) says what was tried. Needs no driver or device. */
 SC_API sc_status sc_compiler_path(char *buf, size_t size);
 
+/* The architectures NVRTC compiles for, ascending, as XY (75 for sm_75, 121 for sm_121):
+ * the first min(capacity, all) into archs, how many there are into *count (archs may be
+ * NULL with capacity 0 to ask only that). A cubin is built for these only; another
+ * architecture gets PTX for the newest of them below it (which the driver compiles when it
+ * loads it), or nothing when none is below it. The architecture-specific form (sm_XYa,
+ * sc_program_desc.arch_specific) exists for sm_90 and newer (SC_ARCH_SPECIFIC_MIN).
+ * SC_ERR_INVALID_ARGUMENT for a NULL count, or a NULL archs with capacity > 0;
+ * SC_ERR_NO_COMPILER when NVRTC can't be loaded; SC_ERR_NOT_SUPPORTED (*count 0) for an
+ * NVRTC too old to say (before 11.2: it decides at compile time). Needs no driver or
+ * device. */
+SC_API sc_status sc_compiler_archs(int *archs, size_t capacity, size_t *count);
+
+/* The oldest architecture with an architecture-specific form (sm_90a). */
+#define SC_ARCH_SPECIFIC_MIN 90
+
 /* ======================================================================================
  * Devices
  * ==================================================================================== */
@@ -351,6 +366,12 @@ typedef struct sc_stream_desc {
     const char *label;
 } sc_stream_desc;
 
+/* Create a stream of the context (desc may be NULL: default priority, not blocking, no
+ * label). Work on it is ordered against the context's other streams through the buffers it
+ * uses (above). SC_ERR_INVALID_ARGUMENT for a NULL stream; the context's statuses
+ * (SC_ERR_STALE_HANDLE, SC_ERR_CONTEXT_LOST); SC_ERR_HOST_OUT_OF_MEMORY; SC_ERR_DRIVER
+ * when the driver can't make it. Use the macro: it records the call site, which messages
+ * and leak reports show. */
 SC_API sc_status sc_stream_create_at(sc_context ctx, const sc_stream_desc *desc,
                                      sc_stream *stream, const char *file, int line);
 #define sc_stream_create(...) sc_stream_create_at(__VA_ARGS__, __FILE__, __LINE__)
@@ -606,7 +627,9 @@ typedef struct sc_program_desc {
                                                that architecture only, so with a context a
                                                nonzero arch must be the device's, and an
                                                arch NVRTC does not know has no PTX fallback:
-                                               both are SC_ERR_NOT_SUPPORTED */
+                                               both are SC_ERR_NOT_SUPPORTED; an arch
+                                               older than SC_ARCH_SPECIFIC_MIN (sm_90) has
+                                               no such form: SC_ERR_INVALID_ARGUMENT */
 } sc_program_desc;
 
 /* Compile desc->source (see above). ctx may be the zero handle for a compile-only program
@@ -632,6 +655,24 @@ typedef struct sc_program_props {
     bool arch_specific;    /* built for the architecture-specific target: sm_90a (or
                               compute_90a for PTX) rather than sm_90 */
 } sc_program_props;
+
+/* The disk cache of compiled programs, as sc_cache_info reports it. */
+typedef struct sc_cache_props {
+    bool on;           /* programs are read from and written to dir */
+    char dir[768];      /* the folder, also one that can't be used; "" when none is set */
+    char problem[1024]; /* why the cache is off ("" when on): "off: SAFECUDA_CACHE=0", "no
+                           folder: ...", "SAFECUDA_CACHE_DIR=D can't be used: Not a
+                           directory", ... */
+} sc_cache_props;
+
+/* The disk cache as this process sees it now: the folder from SAFECUDA_CACHE_DIR, else
+ * $XDG_CACHE_HOME/safecuda, else ~/.cache/safecuda (made if needed, as a compile would make
+ * it), and whether it is used. A folder that can't be used (a file, under a file, not
+ * writable) turns the cache off: every program is compiled again on every run, and the
+ * library says so once per folder through the log callback; SAFECUDA_CACHE=0 turns it off on
+ * purpose, without that warning. SC_ERR_INVALID_ARGUMENT for a NULL props. Needs no driver
+ * or NVRTC. */
+SC_API sc_status sc_cache_info(sc_cache_props *props);
 
 /* What was built: target, image size, cache use and compile time. */
 SC_API sc_status sc_program_info(sc_program program, sc_program_props *props);
@@ -740,6 +781,7 @@ SC_API sc_status sc_module_load_at(sc_context ctx, sc_program program, sc_module
 SC_API sc_status sc_module_load_image_at(sc_context ctx, const void *image, uint64_t bytes,
                                          sc_module *module, const char *file, int line);
 #define sc_module_load_image(...) sc_module_load_image_at(__VA_ARGS__, __FILE__, __LINE__)
+/* The same, with the image read from the file at path (see above). */
 SC_API sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_module *module,
                                         const char *file, int line);
 #define sc_module_load_file(...) sc_module_load_file_at(__VA_ARGS__, __FILE__, __LINE__)
@@ -1182,7 +1224,13 @@ typedef struct sc_graph_props {
     uint64_t kernels;      /* kernels it launches */
 } sc_graph_props;
 
+/* What the graph holds: its nodes, and the buffers, pinned host buffers and kernels its
+ * work uses (each counted once). SC_ERR_STALE_HANDLE for a destroyed graph;
+ * SC_ERR_INVALID_ARGUMENT for a NULL props. */
 SC_API sc_status sc_graph_info(sc_graph graph, sc_graph_props *props);
+
+/* Destroy the graph. Executable graphs instantiated from it keep their own copy and stay
+ * usable. The destroy statuses of the top of this file. */
 SC_API sc_status sc_graph_destroy(sc_graph graph);
 
 /* Instantiate the graph into an executable graph (which keeps its own copy: the graph may
@@ -1191,7 +1239,14 @@ SC_API sc_status sc_graph_destroy(sc_graph graph);
 SC_API sc_status sc_graph_instantiate_at(sc_graph graph, sc_graph_exec *exec, const char *file,
                                          int line);
 #define sc_graph_instantiate(...) sc_graph_instantiate_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Destroy the executable graph. A replay in flight is not cut short: the driver frees it
+ * when the replay completes. The destroy statuses of the top of this file. */
 SC_API sc_status sc_graph_exec_destroy(sc_graph_exec exec);
+
+/* What the executable graph holds, as sc_graph_info says it of a graph (after
+ * sc_graph_exec_update: of the graph it was updated from). SC_ERR_STALE_HANDLE for a
+ * destroyed one; SC_ERR_INVALID_ARGUMENT for a NULL props. */
 SC_API sc_status sc_graph_exec_info(sc_graph_exec exec, sc_graph_props *props);
 
 /* Launch (replay) the executable graph on stream (SC_DEFAULT_STREAM: the exec's context's

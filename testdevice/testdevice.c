@@ -8,19 +8,24 @@
  * (every row of SCI_CU_FUNCS in src/driver/cuda_api.h) on host memory. It is installed
  * beside libsafecuda; select it with
  *
- *     SAFECUDA_DEVICE=test                 (found beside libsafecuda, in the install
- *                                           folder, or through the dynamic linker)
+ *     SAFECUDA_DEVICE=test                 (found beside libsafecuda or the program, in
+ *                                           their prefix's library folders, the configured
+ *                                           libdir, or through the dynamic linker:
+ *                                           src/driver/libcuda.c)
  *     SAFECUDA_LIBCUDA=/path/to/libsafecuda_testdevice.so
  *
  * What it models:
  *   - one device, "safecuda test device (host memory, runs no kernels)", with sm_90
  *     (H100-like) attributes; SAFECUDA_TESTDEVICE_MEMORY_MB (default 4096) sets its memory,
  *     SAFECUDA_TESTDEVICE_PINNED_MB (default 1024) caps pinned host memory,
- *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE;
+ *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE (1, one device,
+ *     is the default; more are not modelled);
  *     SAFECUDA_TESTDEVICE_DRIVER_VERSION=12030 (for example, 12000 .. 13000) reports an
  *     older driver, which lacks the entry points that came after that version;
- *     SAFECUDA_TESTDEVICE_CC=80 (for example) reports another compute capability (the other
- *     attributes stay the H100's);
+ *     SAFECUDA_TESTDEVICE_CC=80 or 8.0 (major 5 .. 12, minor 0 .. 9) reports another compute
+ *     capability (the other attributes stay the H100's); a value outside these forms, for
+ *     any of the variables, makes cuInit fail and safecuda_testdevice_settings_error say
+ *     which and what is accepted (settings.c), which the library quotes;
  *   - the primary context with a reference count (a release to 0 frees nothing by itself,
  *     it is only counted), a thread-local current context;
  *   - memory pools with a release threshold, cached (freed, not yet released) bytes,
@@ -369,17 +374,9 @@ static uint64_t cached_total(void)
 
 /* ---- initialisation, errors, entry points --------------------------------------------- */
 
-static uint64_t env_mb(const char *name, uint64_t dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !v[0])
-        return dflt;
-    char *end = NULL;
-    unsigned long long mb = strtoull(v, &end, 10);
-    if (!end || *end || mb == 0 || mb > (1ull << 24))
-        return dflt;
-    return (uint64_t)mb << 20;
-}
+/* A bad SAFECUDA_TESTDEVICE_* value: cuInit fails (CUDA_ERROR_INVALID_VALUE) and the library
+ * quotes this message (safecuda_testdevice_settings_error). */
+static char settings_error[512];
 
 EXPORT CUresult cuInit(unsigned flags)
 {
@@ -387,25 +384,40 @@ EXPORT CUresult cuInit(unsigned flags)
     CUresult r = CUDA_SUCCESS;
     if (flags != 0) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (settings_error[0]) {
+        r = CUDA_ERROR_INVALID_VALUE;
     } else if (!initialized) {
-        total_bytes = env_mb("SAFECUDA_TESTDEVICE_MEMORY_MB", 4096ull << 20);
-        host_limit = env_mb("SAFECUDA_TESTDEVICE_PINNED_MB", 1024ull << 20);
-        const char *d = getenv("SAFECUDA_TESTDEVICE_DEVICES");
-        n_devices = d && strcmp(d, "0") == 0 ? 0 : 1;
-        const char *cc = getenv("SAFECUDA_TESTDEVICE_CC");
-        compute_capability = cc && atoi(cc) >= 50 && atoi(cc) <= 120 ? atoi(cc) : 90;
-        const char *a = getenv("SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE");
-        abort_on_misuse = a && a[0] == '1';
-        const char *dv = getenv("SAFECUDA_TESTDEVICE_DRIVER_VERSION");
-        driver_version = dv && atoi(dv) >= 12000 && atoi(dv) <= 13000 ? atoi(dv) : 13000;
-        const char *l = getenv("SAFECUDA_TESTDEVICE_ACCEPT_LAUNCHES");
-        accept_launches = l && strcmp(l, "1") == 0;
-        initialized = 1;
+        td_settings s = {.total_bytes = 4096ull << 20,
+                         .host_limit = 1024ull << 20,
+                         .n_devices = 1,
+                         .compute_capability = 90,
+                         .driver_version = 13000};
+        if (!td_read_settings(&s, settings_error, sizeof settings_error)) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            total_bytes = s.total_bytes;
+            host_limit = s.host_limit;
+            n_devices = s.n_devices;
+            compute_capability = s.compute_capability;
+            abort_on_misuse = s.abort_on_misuse;
+            driver_version = s.driver_version;
+            accept_launches = s.accept_launches;
+            initialized = 1;
+        }
     }
     if (r == CUDA_SUCCESS && n_devices == 0)
         r = CUDA_ERROR_NO_DEVICE;
     pthread_mutex_unlock(&lock);
     return r;
+}
+
+/* The message of a bad setting (cuInit failed for it), else NULL. */
+EXPORT const char *safecuda_testdevice_settings_error(void)
+{
+    pthread_mutex_lock(&lock);
+    const char *e = settings_error[0] ? settings_error : NULL;
+    pthread_mutex_unlock(&lock);
+    return e;
 }
 
 /* Every row of SCI_CU_FUNCS has an implementation f_<name> with exactly the row's

@@ -15,6 +15,19 @@
 
 #include "driver/cuda_api.h"
 
+/* ---- settings (settings.c) ------------------------------------------------------------------- */
+
+/* What the SAFECUDA_TESTDEVICE_* variables set; fields keep the values they had (the
+ * defaults) where a variable is unset or empty. */
+typedef struct td_settings {
+    uint64_t total_bytes, host_limit;
+    int n_devices, compute_capability, driver_version;
+    int abort_on_misuse, accept_launches;
+} td_settings;
+
+/* Read the environment into s: 1, or 0 with "NAME=VALUE: what is accepted" in error. */
+int td_read_settings(td_settings *s, char *error, size_t size);
+
 /* ---- small sets ---------------------------------------------------------------------------- */
 
 /* A set of live pointers (linear search: the tests hold few objects). */

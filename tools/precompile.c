@@ -23,7 +23,7 @@ static void precompile_usage(FILE *f)
             "        sm_XY, XY    e.g. sm_90 (the library builds the *_sm90a.cu files for\n"
             "                     sm_90a there and the others for sm_90) or sm_80 (the\n"
             "                     *_sm90a.cu files are skipped)\n"
-            "        sm_XYa       the same as sm_XY\n"
+            "        sm_XYa       the same as sm_XY (sm_90 and newer have this form)\n"
             "        native       the device here (the default when there is one; with\n"
             "                     SAFECUDA_DEVICE=test, PTX images as the test device loads)\n"
             "        Without a device, --arch is required.\n"
@@ -31,10 +31,8 @@ static void precompile_usage(FILE *f)
             "                     library's cache folder: $SAFECUDA_CACHE_DIR, else\n"
             "                     $XDG_CACHE_HOME/safecuda, else ~/.cache/safecuda\n"
             "  -h, --help         show this text\n"
-            "\n"
-            "exit status: 0 every file compiled or already cached; 1 failed (a compile error,\n"
-            "a folder that cannot be written); 2 no NVRTC, or no device and no --arch;\n"
-            "64 bad usage\n");
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void print_file(const sc_precompile_file *f, void *user)
@@ -90,20 +88,9 @@ int cmd_precompile(int argc, char **argv)
         if (r < 0)
             return EXIT_USAGE;
         if (r > 0) {
-            bool family = false;
             if (arch_text) {
                 fprintf(stderr, "safecuda precompile: --arch given twice ('%s' and '%s')\n",
                         arch_text, v);
-                return EXIT_USAGE;
-            }
-            if (!parse_target(v, &t, &family) || t.ptx) {
-                fprintf(stderr,
-                        "safecuda precompile: bad --arch '%s': write sm_XY, sm_XYa, XY or "
-                        "native, the device's architecture (e.g. sm_90a, sm_90, sm_80)%s\n",
-                        v,
-                        t.ptx ? "; the library loads cubins there, so PTX targets "
-                                "(compute_XY) are not offered"
-                              : family ? "; family-specific targets are not supported" : "");
                 return EXIT_USAGE;
             }
             arch_text = v;
@@ -129,11 +116,18 @@ int cmd_precompile(int argc, char **argv)
         return EXIT_USAGE;
     }
 
+    if (arch_text && !target_parse("precompile", "--arch", arch_text, TARGET_DEVICE, false, &t))
+        return EXIT_USAGE;
+
     /* Without --arch (or with native): the device here, through a context on it. */
     sc_context ctx = {0};
     if (t.arch == 0) {
         int count = 0;
         sc_status s = sc_device_count(&count);
+        if (s == SC_ERR_INVALID_ARGUMENT) { /* a bad SAFECUDA_* setting */
+            fprintf(stderr, "safecuda precompile: %s\n", sc_last_error());
+            return EXIT_USAGE;
+        }
         if (s != SC_OK || count == 0) {
             fprintf(stderr,
                     "safecuda precompile: no CUDA device here (%s): name the target with "

@@ -16,8 +16,10 @@
  *                            TARGET (sm_XY, sm_XYa, XY or native); tools/precompile.c
  *   safecuda version
  *
- * Exit status: 0 success, 1 failure (also output that cannot be written), 2 no usable
- * driver or device (or no NVRTC for compile and precompile), 64 bad usage. */
+ * Exit status: one table for every command (print_exit_statuses): 0 done, 1 failed (also
+ * output that cannot be written, a driver that is there but broken), 2 nothing to run on
+ * (no driver or device; no NVRTC for compile and precompile), 64 bad usage (also a bad
+ * SAFECUDA_* setting, SC_ERR_INVALID_ARGUMENT from the driver's loading). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +29,28 @@
 
 #include "tool.h"
 
+void print_exit_statuses(FILE *f)
+{
+    fprintf(f,
+            "exit status (every command):\n"
+            "  0   done\n"
+            "  1   failed: a compile error, an input that can't be read, an output that can't be\n"
+            "      written, a driver that is installed but not usable\n"
+            "  2   nothing to run on: no NVIDIA driver or no device (info; compile and precompile\n"
+            "      without --arch), or no NVRTC (compile, precompile)\n"
+            "  64  bad usage: an unknown command, option or argument, a bad value, or a bad\n"
+            "      SAFECUDA_* setting (SAFECUDA_DEVICE, SAFECUDA_TESTDEVICE_*)\n");
+}
+
+int driver_exit(sc_status s)
+{
+    if (s == SC_OK)
+        return 0;
+    if (s == SC_ERR_NO_DRIVER || s == SC_ERR_NO_DEVICE || s == SC_ERR_NO_COMPILER)
+        return EXIT_NO_GPU;
+    return s == SC_ERR_INVALID_ARGUMENT ? EXIT_USAGE : 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -34,6 +58,7 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  info [--json]   show NVRTC, the driver and every device's properties\n"
+            "                  (safecuda info --help says more)\n"
             "  compile FILE.cu [--arch TARGET] [--ptx] [-o OUT] [-I DIR] [-D NAME[=V]]\n"
             "                  [NVRTC options...]\n"
             "                  compile with NVRTC as the library does (same options and\n"
@@ -47,7 +72,30 @@ static void usage(FILE *f)
             "                  there never waits for NVRTC\n"
             "                  (safecuda precompile --help shows the options)\n"
             "  version         show safecuda's version\n"
-            "  help            show this text\n");
+            "  help            show this text\n"
+            "\n");
+    print_exit_statuses(f);
+}
+
+static void info_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: safecuda info [--json]\n"
+            "\n"
+            "Shows safecuda's version, NVRTC (the compiler needs no GPU), the disk cache of\n"
+            "compiled kernels, the driver and every device's properties. Without a driver or a\n"
+            "device it says why, still shows NVRTC and the cache, and exits 2.\n"
+            "SAFECUDA_DEVICE=test shows the test device instead of a GPU.\n"
+            "\n"
+            "The cache is $SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else\n"
+            "~/.cache/safecuda; a folder that can't be used turns it off (said here and once\n"
+            "through the library's log), and SAFECUDA_CACHE=0 turns it off on purpose.\n"
+            "\n"
+            "  --json      the same as one JSON object (\"error\" and \"message\" say why\n"
+            "              where there is no driver or device)\n"
+            "  -h, --help  show this text\n"
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void compile_usage(FILE *f)
@@ -63,11 +111,14 @@ static void compile_usage(FILE *f)
             "  --arch TARGET, -arch TARGET, --gpu-architecture TARGET\n"
             "        sm_XY        cubin for sm_XY (e.g. sm_90); XY alone (90) is the same\n"
             "        sm_XYa       cubin with sm_XY's architecture-specific features (sm_90a:\n"
-            "                     wgmma, setmaxnreg); it runs on that architecture only\n"
+            "                     wgmma, setmaxnreg); it runs on that architecture only;\n"
+            "                     sm_90 and newer have this form\n"
             "        compute_XY, compute_XYa\n"
             "                     PTX for that virtual architecture\n"
             "        native       the device here (the default when there is one)\n"
-            "        Without a device, --arch is required.\n"
+            "        Without a device, --arch is required. A cubin is built for what this\n"
+            "        NVRTC builds only (a refusal lists it); for another architecture, --ptx\n"
+            "        or compute_XY gives PTX for the newest one it builds below it.\n"
             "  --ptx, -ptx        PTX instead of a cubin (compute_XY for sm_XY)\n"
             "  -o FILE, --output-file FILE\n"
             "                     write the image to FILE (a cubin, or PTX as text)\n"
@@ -82,9 +133,8 @@ static void compile_usage(FILE *f)
             "Other options starting with '-' go to NVRTC as they are, in NVRTC's form\n"
             "(-lineinfo, --use_fast_math, -maxrregcount=64, ...).\n"
             "\n"
-            "exit status: 0 compiled; 1 failed (a compile error, an input that cannot be\n"
-            "read, an output that cannot be written); 2 no NVRTC, or no device and no --arch;\n"
-            "64 bad usage\n");
+            "\n");
+    print_exit_statuses(f);
 }
 
 static void json_string(const char *s)
@@ -140,9 +190,38 @@ static void nvrtc_text(const nvrtc_info *nv)
         printf("NVRTC:   not available (%s)\n", nv->error);
 }
 
+/* The disk cache: its folder, or why it is off. */
+static void cache_json(void)
+{
+    sc_cache_props c;
+    sc_cache_info(&c);
+    printf(",\n  \"cache_on\": %s,\n  \"cache_dir\": ", c.on ? "true" : "false");
+    json_string(c.dir);
+    printf(",\n  \"cache_problem\": ");
+    json_string(c.problem);
+}
+
+static void cache_text(void)
+{
+    sc_cache_props c;
+    sc_cache_info(&c);
+    if (c.on)
+        printf("cache:   %s\n", c.dir);
+    else if (strncmp(c.problem, "off: ", 5) == 0) /* on purpose */
+        printf("cache:   %s\n", c.problem);
+    else
+        printf("cache:   off: %s; every program is compiled again on every run\n", c.problem);
+}
+
 static int cmd_info(int argc, char **argv)
 {
     bool json = false;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            info_usage(stdout);
+            return 0;
+        }
+    }
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
@@ -178,6 +257,7 @@ static int cmd_info(int argc, char **argv)
                 json_string(path);
             }
             nvrtc_json(&nv);
+            cache_json();
             printf("\n}\n");
         } else {
             printf("safecuda %s\n", sc_version_string());
@@ -186,10 +266,11 @@ static int cmd_info(int argc, char **argv)
             else
                 printf("driver:  not available (the reason follows)\n");
             nvrtc_text(&nv);
+            cache_text();
         }
         fflush(stdout);
         fprintf(stderr, "safecuda info: %s\n", reason);
-        return s == SC_ERR_NO_DRIVER || s == SC_ERR_NO_DEVICE ? EXIT_NO_GPU : 1;
+        return driver_exit(s);
     }
 
     if (json) {
@@ -199,11 +280,13 @@ static int cmd_info(int argc, char **argv)
                (driver % 1000) / 10);
         json_string(path);
         nvrtc_json(&nv);
+        cache_json();
         printf(",\n  \"devices\": [");
     } else {
         printf("safecuda %s\n", sc_version_string());
         printf("driver:  CUDA %d.%d (%s)\n", driver / 1000, (driver % 1000) / 10, path);
         nvrtc_text(&nv);
+        cache_text();
         printf("devices: %d\n", count);
     }
 
@@ -303,36 +386,6 @@ static char *read_text(const char *path, const char **why)
     return data;
 }
 
-bool parse_target(const char *text, target *t, bool *family)
-{
-    memset(t, 0, sizeof *t);
-    *family = false;
-    if (strcmp(text, "native") == 0)
-        return true;
-    const char *p = text;
-    if (strncmp(p, "sm_", 3) == 0) {
-        p += 3;
-    } else if (strncmp(p, "compute_", 8) == 0) {
-        p += 8;
-        t->ptx = true;
-    }
-    int digits = 0, value = 0;
-    while (p[digits] >= '0' && p[digits] <= '9' && digits < 4)
-        value = value * 10 + (p[digits++] - '0');
-    if (digits < 2 || digits > 3 || value < 50)
-        return false;
-    p += digits;
-    if (*p == 'a') {
-        t->specific = true;
-        p++;
-    } else if (*p == 'f' && p[1] == '\0') {
-        *family = true;
-        return false;
-    }
-    t->arch = value;
-    return *p == '\0';
-}
-
 /* An option with a value, in nvcc's spellings: "NAME VALUE" and "NAME=VALUE", and when
  * attached, for the one-letter names, "-XVALUE". 1: argv[*i] is the option (*value and
  * *name set, *i past a separate value); 0: it is not; -1: the value is missing (said on
@@ -401,6 +454,7 @@ static bool write_image(const char *path, const void *image, uint64_t bytes)
 typedef struct compile_args {
     const char *path, *out;
     const char *arch_text; /* as given, for messages */
+    const char *arch_name; /* the option's name as given (--arch, -arch, ...) */
     target t;
     bool ptx;
     const char **options; /* for NVRTC, NULL-terminated */
@@ -436,28 +490,13 @@ static int parse_compile(int argc, char **argv, compile_args *a)
         if (r < 0)
             return EXIT_USAGE;
         if (r > 0) {
-            bool family = false;
             if (a->arch_text) {
                 fprintf(stderr, "safecuda compile: --arch given twice ('%s' and '%s')\n",
                         a->arch_text, v);
                 return EXIT_USAGE;
             }
-            if (!parse_target(v, &a->t, &family)) {
-                if (family) {
-                    size_t n = strlen(v) - 1;
-                    fprintf(stderr,
-                            "safecuda compile: %s '%s': family-specific targets are not "
-                            "supported; write %.*sa (%.*s only) or %.*s\n",
-                            name, v, (int)n, v, (int)n, v, (int)n, v);
-                } else {
-                    fprintf(stderr,
-                            "safecuda compile: bad %s '%s': write sm_XY, sm_XYa, compute_XY, "
-                            "compute_XYa, XY or native (e.g. sm_90, sm_90a, compute_90)\n",
-                            name, v);
-                }
-                return EXIT_USAGE;
-            }
-            a->arch_text = v;
+            a->arch_text = v; /* checked once --ptx is known */
+            a->arch_name = name;
             continue;
         }
         r = option_value(argc, argv, &i, out_names, false, "kernel.cubin", &v, &name);
@@ -507,6 +546,9 @@ static int parse_compile(int argc, char **argv, compile_args *a)
             return EXIT_USAGE;
         }
     }
+    if (a->arch_text &&
+        !target_parse("compile", a->arch_name, a->arch_text, TARGET_COMPILE, a->ptx, &a->t))
+        return EXIT_USAGE;
     if (!a->path) {
         fprintf(stderr,
                 "safecuda compile: no input file (safecuda compile --help shows the options)\n");
@@ -535,8 +577,13 @@ static int compile_file(compile_args *a)
     const int arch = a->t.arch;
     sc_context ctx = {0};
     int count = 0;
-    bool have_device = sc_device_count(&count) == SC_OK && count > 0 &&
-                       sc_context_create(NULL, &ctx) == SC_OK;
+    sc_status ds = sc_device_count(&count);
+    if (ds == SC_ERR_INVALID_ARGUMENT) { /* a bad SAFECUDA_* setting */
+        fprintf(stderr, "safecuda compile: %s\n", sc_last_error());
+        free(source);
+        return EXIT_USAGE;
+    }
+    bool have_device = ds == SC_OK && count > 0 && sc_context_create(NULL, &ctx) == SC_OK;
     if (!have_device && arch == 0) {
         fprintf(stderr, "safecuda compile: no CUDA device here: name the target with --arch "
                         "(e.g. --arch sm_90)\n");
@@ -572,17 +619,24 @@ static int compile_file(compile_args *a)
     if (log && log_size > 1 && sc_program_log(prog, log, log_size, NULL) == SC_OK)
         fprintf(stderr, "%s", log);
     free(log);
+    /* PTX is written as text, without the NUL the library keeps after it: the size said is
+     * the size written. */
+    const void *image;
+    uint64_t bytes;
+    sc_program_image(prog, &image, &bytes);
+    if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
+        bytes--;
     printf("%s: %s for %s_%d%s, %llu bytes, %s in %.1f ms\n", path, pp.is_ptx ? "PTX" : "cubin",
            pp.is_ptx ? "compute" : "sm", pp.arch, pp.arch_specific ? "a" : "",
-           (unsigned long long)pp.image_bytes, pp.from_cache ? "from the cache" : "compiled",
+           (unsigned long long)bytes, pp.from_cache ? "from the cache" : "compiled",
            pp.compile_ms);
+    if (arch && pp.arch != arch) /* PTX opted in for an architecture NVRTC does not build */
+        fprintf(stderr,
+                "note: NVRTC builds no sm_%d: PTX for compute_%d, which the driver compiles for "
+                "sm_%d when it loads it\n",
+                arch, pp.arch, arch);
     int rc = 0;
     if (a->out) {
-        const void *image;
-        uint64_t bytes;
-        sc_program_image(prog, &image, &bytes);
-        if (pp.is_ptx && bytes && ((const char *)image)[bytes - 1] == '\0')
-            bytes--; /* write PTX as text */
         if (write_image(a->out, image, bytes))
             printf("wrote %s\n", a->out);
         else

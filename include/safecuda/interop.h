@@ -117,6 +117,10 @@ typedef struct sc_buffer_origin {
     bool read_only;
     uint32_t exports;   /* DLPack exports of it whose deleter has not run yet */
 } sc_buffer_origin;
+
+/* How the buffer came to be (made by safecuda or borrowed), whether it is read-only, and
+ * how many of its DLPack exports are still held by their consumers. SC_ERR_STALE_HANDLE for
+ * a destroyed buffer; SC_ERR_INVALID_ARGUMENT for a NULL origin. */
 SC_API sc_status sc_buffer_get_origin(sc_buffer buffer, sc_buffer_origin *origin);
 
 /* ======================================================================================

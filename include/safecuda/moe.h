@@ -63,6 +63,9 @@ typedef enum sc_moe_w13_layout {
     SC_MOE_W13_INTERLEAVED   /* row 2i gate, row 2i + 1 up (gpt-oss) */
 } sc_moe_w13_layout;
 
+/* The layer's limits, defined here only: the kernels (kernels/moe/moe_config.cuh) and the
+ * Python package (safecuda/_lib.py) can't include this header and hold copies, which every
+ * build checks against these (cmake/check_moe_limits.cmake). */
 #define SC_MOE_MAX_EXPERTS 512
 #define SC_MOE_MAX_TOPK 16
 #define SC_MOE_MAX_SHARED 16 /* shared_intermediate / intermediate */

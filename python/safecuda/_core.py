@@ -14,6 +14,8 @@ garbage collection calls nothing in the library.
 
 import atexit
 import itertools
+import numbers
+import struct
 import sys
 import threading
 import types
@@ -719,6 +721,31 @@ def _prod(shape):
 # ---- views and buffers --------------------------------------------------------------------
 
 
+def _fill_bytes(dtype, value):
+    """One element of dtype for fill (pack_scalar), or the TypeError / ValueError saying
+    what fill takes."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return pack_scalar(dtype, value)
+    if not isinstance(value, numbers.Real):
+        n = dtype.size
+        raise TypeError(f"fill: value is {type(value).__name__}; fill takes a number (int or "
+                        f"float) or the bytes of one {dtype} element ({n} byte"
+                        f"{'s' if n != 1 else ''})")
+    try:
+        return pack_scalar(dtype, value)
+    except (struct.error, OverflowError):
+        if dtype.kind != "f" and not isinstance(value, numbers.Integral):
+            raise TypeError(f"fill: value {value!r} is a {type(value).__name__}; {dtype} "
+                            f"elements take an int") from None
+        if dtype.kind == "f":
+            raise ValueError(f"fill: value {value!r} is outside {dtype}'s range") from None
+        bits = 8 * dtype.size
+        lo, hi = (0, 2 ** bits - 1) if dtype.kind == "u" else (-2 ** (bits - 1),
+                                                              2 ** (bits - 1) - 1)
+        raise ValueError(f"fill: value {value!r} is outside {dtype}'s range {lo} .. {hi}") \
+            from None
+
+
 class View:
     """Elements [offset, offset + count) of a buffer, with a shape. A value: checked by
     the library at every use (a view of a destroyed buffer is StaleHandleError). Slicing
@@ -876,14 +903,31 @@ class View:
         return mv.tolist() if self.shape else mv.cast("B").cast(self.dtype.format)[0]
 
     def copy_from(self, src, *, stream=None):
-        """Device-to-device copy of another view (same dtype and count) into this one."""
+        """Device-to-device copy of another view or buffer (same dtype and count) into this
+        one (host memory: copy_from_host). TypeError for anything else."""
+        if not isinstance(src, View):
+            what = type(src).__name__
+            try:
+                memoryview(src)
+                host = True
+            except TypeError:
+                host = False
+            if host:
+                raise TypeError(f"copy_from: src is a {what} (host memory); copy_from takes "
+                                f"a safecuda View or Buffer (a device-to-device copy): use "
+                                f"copy_from_host for host memory")
+            raise TypeError(f"copy_from: src is {what}; copy_from takes a safecuda View or "
+                            f"Buffer (a device-to-device copy), and copy_from_host host "
+                            f"memory (bytes, bytearray, array.array, memoryview, numpy "
+                            f"arrays)")
         _check(lib.sc_copy(_stream_handle(stream), self._sv, src._sv))
 
     def fill(self, value, *, stream=None):
         """Set every element to value: a number of the view's dtype (bf16 and fp8 rounded
         to nearest even, fp8 saturating), or bytes of one element, its bit pattern
-        (b"\\x38": 1.0 in f8e4m3)."""
-        raw = pack_scalar(self.dtype, value)
+        (b"\\x38": 1.0 in f8e4m3). TypeError for another kind of value (a float for an
+        integer dtype too), ValueError for a number outside an integer dtype's range."""
+        raw = _fill_bytes(self.dtype, value)
         _check(lib.sc_fill(_stream_handle(stream), self._sv, raw))
 
     @property
@@ -895,9 +939,9 @@ class View:
         return p.value + self.offset * self.dtype.size
 
     def _what(self):
-        b = self.buffer
-        name = f"'{b._label}'" if b._label else "(no label)"
-        return f"view [{self.offset}, {self.offset + self.count}) of buffer {name}"
+        # As the library's messages name a buffer: its label quoted, '' when it has none.
+        return (f"view [{self.offset}, {self.offset + self.count}) of buffer "
+                f"'{self.buffer._label or ''}'")
 
     # DLPack (the Python array API's protocol)
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):

@@ -39,7 +39,15 @@ import weakref
 from ctypes import byref, c_uint64
 from typing import Optional, Tuple
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _exc:
+    if _exc.name != "torch":
+        raise  # torch is there and one of its own imports failed: its error says which
+    raise ModuleNotFoundError(
+        "safecuda.torch needs PyTorch (torch >= 2.4), which is not installed: pip install "
+        "torch (https://pytorch.org/get-started/ names the build for your CUDA driver); "
+        "import safecuda (without .torch) needs no torch", name="torch") from None
 from torch import Tensor
 
 from . import _lib

@@ -25,6 +25,32 @@ def test_import_needs_no_driver_gpu_or_torch():
     assert out.split() == ["0.1.0", "0.1.0"]
 
 
+def test_torch_module_without_torch_says_it_needs_pytorch():
+    """import safecuda.torch where torch can't be imported: an ImportError saying that the
+    module needs PyTorch and how to install it, not a bare ModuleNotFoundError; safecuda
+    itself still works."""
+    rc, out, err = run_python(textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # torch can't be imported
+        import safecuda
+        try:
+            import safecuda.torch
+        except ImportError as e:
+            assert isinstance(e, ModuleNotFoundError) and e.name == "torch", repr(e)
+            assert e.__cause__ is None and e.__suppress_context__, "a chained traceback"
+            print("MESSAGE", e)
+        else:
+            raise AssertionError("import safecuda.torch worked without torch")
+        print("VERSION", safecuda.version())
+    """), NO_DRIVER, drop=("SAFECUDA_DEVICE",))
+    assert rc == 0, err
+    msg = out.split("MESSAGE ", 1)[1].split("\n", 1)[0]
+    assert msg.startswith("safecuda.torch needs PyTorch (torch >= 2.4), which is not "
+                          "installed: pip install torch"), msg
+    assert "import safecuda (without .torch) needs no torch" in msg
+    assert "VERSION 0.1.0" in out
+
+
 def test_first_call_without_driver_raises_no_driver():
     rc, out, err = run_python(textwrap.dedent("""
         import safecuda as sc

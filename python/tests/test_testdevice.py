@@ -158,6 +158,66 @@ def test_wrong_dtype(ctx):
     i.close()
 
 
+def test_copy_from_and_fill_refuse_what_they_do_not_take(ctx):
+    """copy_from takes a View or Buffer (device to device): host memory is pointed at
+    copy_from_host, anything else named; fill takes a number or one element's bytes."""
+    b = ctx.buffer(4, "f32", label="b")
+    for host in (array.array("f", [1.0] * 4), bytearray(16), memoryview(bytes(16))):
+        with pytest.raises(TypeError) as info:
+            b.copy_from(host)
+        msg = str(info.value)
+        assert msg.startswith("copy_from: src is a " + type(host).__name__ + " (host memory)")
+        assert "a safecuda View or Buffer" in msg and "copy_from_host" in msg
+        assert not isinstance(info.value, AttributeError)
+    for other in (None, 3, "x", [1.0] * 4):
+        with pytest.raises(TypeError) as info:
+            b.copy_from(other)
+        msg = str(info.value)
+        assert msg.startswith(f"copy_from: src is {type(other).__name__}")
+        assert "a safecuda View or Buffer (a device-to-device copy)" in msg
+    for value in ("x", None, [1.0], object()):
+        with pytest.raises(TypeError) as info:
+            b.fill(value)
+        msg = str(info.value)
+        assert msg.startswith(f"fill: value is {type(value).__name__}")
+        assert "a number (int or float) or the bytes of one f32 element (4 bytes)" in msg
+    i = ctx.buffer(4, "i32")
+    with pytest.raises(TypeError, match=r"fill: value 1\.5 is a float; i32 elements take an int"):
+        i.fill(1.5)
+    u = ctx.buffer(4, "u8")
+    with pytest.raises(ValueError, match=r"fill: value 300 is outside u8's range 0 \.\. 255"):
+        u.fill(300)
+    with pytest.raises(ValueError, match=r"fill: value -1 is outside u8's range 0 \.\. 255"):
+        u.fill(-1)
+    with pytest.raises(ValueError, match=r"fill: value 1e\+40 is outside f32's range"):
+        b.fill(1e40)
+    # what is accepted still works
+    b.fill(2)
+    b.fill(2.5)
+    i.fill(True)
+    assert b.tolist() == [2.5] * 4 and i.tolist() == [1] * 4
+    b.copy_from(ctx.from_host(array.array("f", [3.0] * 4)))
+    assert b.tolist() == [3.0] * 4
+    for x in (b, i, u):
+        x.close()
+
+
+def test_unlabelled_buffer_named_alike(ctx):
+    """An unlabelled buffer reads the same in the library's messages and the package's:
+    buffer '' (with its size and creation site from the library)."""
+    f = ctx.buffer(8, "f32")
+    i = ctx.buffer(8, "i32")
+    with pytest.raises(sc.TypeMismatchError) as info:
+        i.copy_from(f)
+    assert "buffer '' of 8 i32" in info.value.message
+    with pytest.raises(sc.TypeMismatchError) as info:
+        f.copy_from_host(array.array("d", range(8)))
+    assert "of buffer '' of f32" in info.value.message
+    assert "no label" not in info.value.message
+    f.close()
+    i.close()
+
+
 def test_context_close_reports_and_frees_open_objects(log):
     ctx = sc.Context()
     b = ctx.buffer(10, "f64", label="still open")

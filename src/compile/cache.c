@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include "compile/cache.h"
+#include "core/error.h"
+#include "core/log.h"
 
 #define MAGIC "SCCACHE1"
 #define FORMAT_VERSION 1u
@@ -71,33 +74,98 @@ int sci_cache_mkdir(const char *path)
     return 0;
 }
 
-bool sci_cache_dir_configured(char *dir, size_t size)
+/* Which variable named the folder (for messages): 0 SAFECUDA_CACHE_DIR, 1 XDG_CACHE_HOME,
+ * 2 HOME; -1 none (the cache off or no folder). */
+static int configured(char *dir, size_t size)
 {
     if (size)
         dir[0] = '\0';
     const char *off = getenv("SAFECUDA_CACHE");
     if (off && strcmp(off, "0") == 0)
-        return false;
+        return -1;
     const char *explicit_dir = getenv("SAFECUDA_CACHE_DIR");
     const char *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
-    if (explicit_dir && explicit_dir[0])
+    if (explicit_dir && explicit_dir[0]) {
         snprintf(dir, size, "%s", explicit_dir);
-    else if (xdg && xdg[0])
+        return 0;
+    }
+    if (xdg && xdg[0]) {
         snprintf(dir, size, "%s/safecuda", xdg);
-    else if (home && home[0])
+        return 1;
+    }
+    if (home && home[0]) {
         snprintf(dir, size, "%s/.cache/safecuda", home);
-    else
+        return 2;
+    }
+    return -1;
+}
+
+bool sci_cache_dir_configured(char *dir, size_t size) { return configured(dir, size) >= 0; }
+
+bool sci_cache_state(char *dir, size_t dir_size, char *problem, size_t problem_size)
+{
+    snprintf(problem, problem_size, "%s", "");
+    int from = configured(dir, dir_size);
+    if (from < 0) {
+        const char *off = getenv("SAFECUDA_CACHE");
+        snprintf(problem, problem_size, "%s",
+                 off && strcmp(off, "0") == 0
+                     ? "off: SAFECUDA_CACHE=0"
+                     : "no folder: none of SAFECUDA_CACHE_DIR, XDG_CACHE_HOME, HOME is set");
         return false;
-    return true;
+    }
+    int err = 0;
+    if (sci_cache_mkdir(dir) != 0 || access(dir, W_OK | X_OK) != 0)
+        err = errno ? errno : EIO;
+    if (!err)
+        return true;
+    if (from == 0)
+        snprintf(problem, problem_size, "SAFECUDA_CACHE_DIR=%s can't be used: %s", dir,
+                 strerror(err));
+    else
+        snprintf(problem, problem_size, "%s (from %s) can't be used: %s", dir,
+                 from == 1 ? "XDG_CACHE_HOME" : "HOME", strerror(err));
+    return false;
 }
 
 const char *sci_cache_dir(void)
 {
     static _Thread_local char dir[768];
-    if (!sci_cache_dir_configured(dir, sizeof dir) || sci_cache_mkdir(dir) != 0)
-        return "";
-    return dir;
+    char problem[1024];
+    if (sci_cache_state(dir, sizeof dir, problem, sizeof problem))
+        return dir;
+    /* A folder that can't be used turns the cache off: say so once per folder (every
+     * program would be compiled again on every run, silently). */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static char said[768];
+    bool say = false;
+    if (dir[0]) {
+        pthread_mutex_lock(&lock);
+        if (strcmp(said, dir) != 0) {
+            snprintf(said, sizeof said, "%s", dir);
+            say = true;
+        }
+        pthread_mutex_unlock(&lock);
+    }
+    if (say)
+        sci_log(SC_LOG_WARN,
+                "the disk cache is off: %s; every program is compiled again on every run "
+                "(point SAFECUDA_CACHE_DIR at a folder that can be written; SAFECUDA_CACHE=0 "
+                "turns the cache off without this warning)",
+                problem);
+    return "";
+}
+
+sc_status sc_cache_info(sc_cache_props *props)
+{
+    SCI_CHECK_PTR("sc_cache_info", props);
+    memset(props, 0, sizeof *props);
+    char dir[768], problem[1024];
+    props->on = sci_cache_state(dir, sizeof dir, problem, sizeof problem);
+    snprintf(props->dir, sizeof props->dir, "%s", dir);
+    snprintf(props->problem, sizeof props->problem, "%s", problem);
+    return SC_OK;
 }
 
 void sci_cache_path(sci_hash key, char *path, size_t size)

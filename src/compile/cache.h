@@ -22,8 +22,14 @@ typedef struct sci_cache_entry {
 
 void sci_cache_entry_free(sci_cache_entry *e);
 
-/* The cache folder ("" when the cache is off: SAFECUDA_CACHE=0 or no usable folder). */
+/* The cache folder ("" when the cache is off: SAFECUDA_CACHE=0 or no usable folder; a folder
+ * that can't be used is said once through the log). */
 const char *sci_cache_dir(void);
+
+/* The cache folder as the environment names it, made if needed: true with dir; false with
+ * dir ("" when none is configured) and why in problem ("off: SAFECUDA_CACHE=0", "no
+ * folder: ...", "SAFECUDA_CACHE_DIR=D can't be used: Not a directory", ...). */
+bool sci_cache_state(char *dir, size_t dir_size, char *problem, size_t problem_size);
 
 /* The folder the environment names (SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda,
  * else ~/.cache/safecuda) into dir, without creating it; false (dir "") when the cache is

@@ -254,10 +254,17 @@ sc_status sci_program_create(sc_context ctx, const sc_program_desc *desc,
             goto fail_ctx;
         }
     }
+    int arch = desc->arch ? desc->arch : c->props.cc_major * 10 + c->props.cc_minor;
+    if (desc->arch_specific && arch < SC_ARCH_SPECIFIC_MIN) {
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "desc->arch_specific: sm_%d has no architecture-specific form (sm_XYa "
+                     "exists for sm_%d and newer)",
+                     arch, SC_ARCH_SPECIFIC_MIN);
+        goto fail_ctx;
+    }
     if ((s = sci_compiler_ready(fn)) != SC_OK)
         goto fail_ctx;
 
-    int arch = desc->arch ? desc->arch : c->props.cc_major * 10 + c->props.cc_minor;
     int target = best_supported(arch);
     if (target == 0) {
         s = sci_fail(SC_ERR_NOT_SUPPORTED, fn, "NVRTC (%s) supports no architecture up to sm_%d",

@@ -66,6 +66,33 @@ sc_status sc_compiler_version(int *major, int *minor)
     return SC_OK;
 }
 
+sc_status sc_compiler_archs(int *archs, size_t capacity, size_t *count)
+{
+    const char *fn = "sc_compiler_archs";
+    SCI_CHECK_PTR(fn, count);
+    *count = 0;
+    if (!archs && capacity)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "archs is NULL but capacity is %zu",
+                        capacity);
+    sc_status s = sci_compiler_ready(fn);
+    if (s != SC_OK)
+        return s;
+    const int *list = NULL;
+    int n = sci_nvrtc_archs(&list);
+    if (n == 0) {
+        int major = 0, minor = 0;
+        sci_nvrtcVersion(&major, &minor);
+        return sci_fail(SC_ERR_NOT_SUPPORTED, fn,
+                        "NVRTC %d.%d (%s) can't list its architectures "
+                        "(nvrtcGetSupportedArchs came with NVRTC 11.2)",
+                        major, minor, sci_nvrtc_library_path());
+    }
+    for (int i = 0; i < n && (size_t)i < capacity; i++)
+        archs[i] = list[i];
+    *count = (size_t)n;
+    return SC_OK;
+}
+
 sc_status sc_compiler_path(char *buf, size_t size)
 {
     SCI_CHECK_PTR("sc_compiler_path", buf);

@@ -39,6 +39,8 @@ const char *sci_nvrtc_error_string(nvrtcResult r);
 /* Whether NVRTC can return cubin (nvrtcGetCUBIN) and the architectures it supports. */
 bool sci_nvrtc_has_cubin(void);
 bool sci_nvrtc_supports_arch(int sm);
+/* The architectures NVRTC reported (ascending as NVRTC gives them); 0 when it can't say. */
+int sci_nvrtc_archs(const int **list);
 
 /* "CUDA_ERROR_ILLEGAL_ADDRESS" and the driver's description; a built-in table answers
  * when the driver is not loaded. Never NULL. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver/driver.h"
 #include "driver/table.h"
@@ -20,7 +21,7 @@ typedef CUresult (*pfn_error_text)(CUresult, const char **);
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static sc_status load_status = SC_ERR_NO_DRIVER;
-static char load_message[2048];
+static char load_message[4096];
 static char library_path[1024];
 static int cuda_version;
 static bool has_devices;
@@ -48,7 +49,9 @@ static void handle_path(void *h, const char *fallback, char *out, size_t size)
 }
 
 static const char *const install_hint =
-    "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it";
+    "install the NVIDIA driver (it provides libcuda.so.1), or point SAFECUDA_LIBCUDA at it; "
+    "on a machine without a GPU (CI), SAFECUDA_DEVICE=test selects safecuda's test device "
+    "(device memory is host memory, kernels do not run)";
 
 static void fail_status(sc_status status, const char *fmt, va_list ap)
 {
@@ -88,10 +91,18 @@ __attribute__((format(printf, 1, 2))) static void fail_config(const char *fmt, .
 }
 
 /* ---- the test device -------------------------------------------------------------------
- * SAFECUDA_DEVICE=test loads libsafecuda_testdevice.so (testdevice/) instead of libcuda:
- * from beside the library file this code is in (libsafecuda.so, or the program that
- * linked libsafecuda.a), from the install's libdir, then by name through the dynamic
- * linker (LD_LIBRARY_PATH, the program's RUNPATH, the system's folders). */
+ * SAFECUDA_DEVICE=test loads libsafecuda_testdevice.so (testdevice/) instead of libcuda,
+ * from the first of these folders that has it:
+ *   - beside the file this code is in (libsafecuda.so, or the program that linked
+ *     libsafecuda.a: /proc/self/exe, so also when it was run through PATH), as resolved
+ *     (symbolic links followed), then as named where that differs;
+ *   - that folder's prefix's library folders (<prefix>/bin/safecuda: <prefix>/<libdir>,
+ *     <prefix>/lib, <prefix>/lib64, <prefix>/lib/<multiarch>), so an installed tree works
+ *     wherever it was installed or staged (--prefix, DESTDIR);
+ *   - the libdir configured at build time;
+ *   - by name through the dynamic linker (LD_LIBRARY_PATH, the program's RUNPATH, the
+ *     system's folders);
+ *   - the prefix itself (a build tree: build/bench/bench_memory finds build/'s). */
 #define TESTDEVICE_NAME "libsafecuda_testdevice.so"
 
 static bool try_open(const char *name, char *tried, size_t size)
@@ -109,24 +120,120 @@ static bool try_open(const char *name, char *tried, size_t size)
     return false;
 }
 
+#define MAX_DIRS 16
+typedef struct dir_list {
+    char items[MAX_DIRS][1024];
+    int n;
+    char prefixes[2][1024]; /* tried last, after the dynamic linker */
+    int n_prefixes;
+} dir_list;
+
+static void add_dir(dir_list *d, const char *dir, size_t len)
+{
+    if (len == 0 || len >= sizeof d->items[0] || d->n == MAX_DIRS)
+        return;
+    for (int i = 0; i < d->n; i++)
+        if (strlen(d->items[i]) == len && strncmp(d->items[i], dir, len) == 0)
+            return;
+    memcpy(d->items[d->n], dir, len);
+    d->items[d->n++][len] = '\0';
+}
+
+/* The folder of file, and its prefix's library folders. */
+static void add_dirs_of(dir_list *d, const char *file)
+{
+    const char *slash = strrchr(file, '/');
+    if (!slash)
+        return;
+    size_t dir_len = slash == file ? 1 : (size_t)(slash - file);
+    add_dir(d, file, dir_len);
+    const char *up = NULL; /* the prefix: the folder's parent */
+    for (const char *p = file; p < file + dir_len; p++)
+        if (*p == '/')
+            up = p;
+    if (!up || up == file)
+        return;
+    int prefix = (int)(up - file);
+    bool known = false;
+    for (int i = 0; i < d->n_prefixes; i++)
+        known |= strlen(d->prefixes[i]) == (size_t)prefix &&
+                 strncmp(d->prefixes[i], file, (size_t)prefix) == 0;
+    if (!known && d->n_prefixes < 2 && (size_t)prefix < sizeof d->prefixes[0])
+        snprintf(d->prefixes[d->n_prefixes++], sizeof d->prefixes[0], "%.*s", prefix, file);
+    static const char *const libdirs[] = {
+#ifdef SAFECUDA_RELATIVE_LIBDIR
+        SAFECUDA_RELATIVE_LIBDIR,
+#endif
+        "lib", "lib64",
+#ifdef SAFECUDA_MULTIARCH
+        ("lib/" SAFECUDA_MULTIARCH), /* (one name: lib/x86_64-linux-gnu) */
+#endif
+    };
+    char path[1024];
+    for (size_t i = 0; i < sizeof libdirs / sizeof libdirs[0]; i++) {
+        int n = snprintf(path, sizeof path, "%.*s/%s", prefix, file, libdirs[i]);
+        if (n > 0 && (size_t)n < sizeof path)
+            add_dir(d, path, (size_t)n);
+    }
+}
+
 static bool open_test_device(char *tried, size_t size)
 {
-    char path[1024];
+    static dir_list dirs; /* (load runs once) */
+    memset(&dirs, 0, sizeof dirs);
+    char resolved[4096];
     Dl_info info;
-    if (dladdr((void *)(uintptr_t)sci_driver_load, &info) && info.dli_fname &&
-        strrchr(info.dli_fname, '/')) {
-        int dir = (int)(strrchr(info.dli_fname, '/') - info.dli_fname);
-        if ((size_t)snprintf(path, sizeof path, "%.*s/%s", dir, info.dli_fname,
-                             TESTDEVICE_NAME) < sizeof path &&
-            try_open(path, tried, size))
-            return true;
+    struct link_map *lm = NULL;
+    if (dladdr1((void *)(uintptr_t)sci_driver_load, &info, (void **)&lm, RTLD_DL_LINKMAP) &&
+        lm) {
+        const char *named = lm->l_name && lm->l_name[0] ? lm->l_name : NULL;
+        if (named) { /* a shared library: libsafecuda.so */
+            if (realpath(named, resolved))
+                add_dirs_of(&dirs, resolved);
+            add_dirs_of(&dirs, named);
+        } else { /* the program itself: argv[0] may name no folder (run through PATH) */
+            ssize_t n = readlink("/proc/self/exe", resolved, sizeof resolved - 1);
+            if (n > 0) {
+                resolved[n] = '\0';
+                add_dirs_of(&dirs, resolved);
+            }
+            if (info.dli_fname)
+                add_dirs_of(&dirs, info.dli_fname);
+        }
     }
 #ifdef SAFECUDA_INSTALL_LIBDIR
-    snprintf(path, sizeof path, "%s/%s", SAFECUDA_INSTALL_LIBDIR, TESTDEVICE_NAME);
-    if (try_open(path, tried, size))
-        return true;
+    add_dir(&dirs, SAFECUDA_INSTALL_LIBDIR, strlen(SAFECUDA_INSTALL_LIBDIR));
 #endif
-    return try_open(TESTDEVICE_NAME, tried, size);
+    char path[1100];
+    char missing[2048] = ""; /* the folders without the file */
+    for (int i = 0; i < dirs.n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dirs.items[i], TESTDEVICE_NAME);
+        if (access(path, F_OK) != 0) {
+            appendf(missing, sizeof missing, "%s%s", missing[0] ? ", " : "", dirs.items[i]);
+            continue;
+        }
+        if (try_open(path, tried, size)) /* there but not loadable: tried says why */
+            return true;
+    }
+    handle = dlopen(TESTDEVICE_NAME, RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+        handle_path(handle, TESTDEVICE_NAME, library_path, sizeof library_path);
+        return true;
+    }
+    const char *why = dlerror(); /* found by name but not loadable: say why */
+    if (why && !strstr(why, "cannot open shared object file"))
+        appendf(tried, size, "%s%s", tried[0] ? "; " : "", why);
+    for (int i = 0; i < dirs.n_prefixes; i++) {
+        snprintf(path, sizeof path, "%s/%s", dirs.prefixes[i], TESTDEVICE_NAME);
+        if (access(path, F_OK) != 0)
+            appendf(missing, sizeof missing, "%s%s", missing[0] ? ", " : "", dirs.prefixes[i]);
+        else if (try_open(path, tried, size))
+            return true;
+    }
+    appendf(tried, size, "%s%s is not in %s, nor found by the dynamic linker (LD_LIBRARY_PATH, "
+            "the program's RUNPATH, the system's folders)",
+            tried[0] ? "; " : "", TESTDEVICE_NAME, missing[0] ? missing : "the program's folder");
+    return false;
 }
 
 static bool ptx_only; /* the loaded driver is safecuda's test device */
@@ -157,11 +264,11 @@ static void load(void)
         n_names = 1;
     }
 
-    char tried[1536] = "";
+    char tried[3072] = "";
     if (test_device && !(override && override[0])) {
         if (!open_test_device(tried, sizeof tried)) {
-            fail("cannot load the safecuda test device (SAFECUDA_DEVICE=test): tried %s; it "
-                 "is installed with safecuda, beside libsafecuda: point SAFECUDA_LIBCUDA at the "
+            fail("cannot load the safecuda test device (SAFECUDA_DEVICE=test): %s; it is "
+                 "installed with safecuda, beside libsafecuda: point SAFECUDA_LIBCUDA at the "
                  "installed %s",
                  tried, TESTDEVICE_NAME);
             return;
@@ -193,6 +300,15 @@ static void load(void)
         fail("found only the CUDA toolkit's stub driver library %s (its calls answer "
              "CUDA_ERROR_STUB_LIBRARY): no NVIDIA driver is installed on this machine; %s",
              library_path, install_hint);
+        return;
+    }
+    /* safecuda's test device refuses a bad SAFECUDA_TESTDEVICE_* setting at cuInit and says
+     * which and what is accepted: a configuration error, as SAFECUDA_DEVICE=garbage is. */
+    typedef const char *(*pfn_settings_error)(void);
+    pfn_settings_error settings_error =
+        (pfn_settings_error)(uintptr_t)dlsym(handle, "safecuda_testdevice_settings_error");
+    if (r != CUDA_SUCCESS && settings_error && settings_error()) {
+        fail_config("%s", settings_error());
         return;
     }
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_NO_DEVICE) {

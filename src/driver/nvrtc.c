@@ -143,6 +143,12 @@ const char *sci_nvrtc_error_string(nvrtcResult r)
 
 bool sci_nvrtc_has_cubin(void) { return sci_nvrtc_table.nvrtcGetCUBIN != NULL; }
 
+int sci_nvrtc_archs(const int **list)
+{
+    *list = archs;
+    return n_archs;
+}
+
 bool sci_nvrtc_supports_arch(int sm)
 {
     if (n_archs == 0)

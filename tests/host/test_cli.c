@@ -11,107 +11,7 @@
  * precompile: --help, every bad usage (64), no device and no --arch (2), NVRTC missing (2),
  * the cache off (1); with NVRTC a folder that can't be made (1), the built-in kernels for
  * sm_80 (one line per file, the sm_90a file skipped, the summary), then all from the cache. */
-#define _POSIX_C_SOURCE 200809L
-#include <errno.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "../test.h"
-
-/* Commands run without a driver (so also without a device) and without the disk cache. */
-#define ENV "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE=0 "
-
-static char out[1 << 20]; /* the command's output (stdout and stderr as the command says) */
-
-/* Run cmd, keep the first sizeof out - 1 bytes of its output and drain the rest. */
-static int run(const char *cmd)
-{
-    FILE *p = popen(cmd, "r");
-    REQUIRE(p != NULL);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0)
-        ;
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static int runf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int runf(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    REQUIRE(n > 0 && (size_t)n < sizeof cmd);
-    return run(cmd);
-}
-
-/* The output has needle; else say which command and what it printed. */
-#define CHECK_OUT(needle)                                                                     \
-    do {                                                                                      \
-        if (!strstr(out, (needle))) {                                                         \
-            fprintf(stderr, "%s:%d: output lacks \"%s\":\n%.2000s\n", __FILE__, __LINE__,    \
-                    (needle), out);                                                           \
-            test_failures++;                                                                  \
-        }                                                                                     \
-    } while (0)
-#define CHECK_NOT_OUT(needle)                                                                 \
-    do {                                                                                      \
-        if (strstr(out, (needle))) {                                                          \
-            fprintf(stderr, "%s:%d: output has \"%s\":\n%.2000s\n", __FILE__, __LINE__,      \
-                    (needle), out);                                                           \
-            test_failures++;                                                                  \
-        }                                                                                     \
-    } while (0)
-#define CHECK_RC(got, want)                                                                   \
-    do {                                                                                      \
-        int rc_ = (got);                                                                      \
-        if (rc_ != (want)) {                                                                  \
-            fprintf(stderr, "%s:%d: exit status %d, expected %d; output:\n%.2000s\n",         \
-                    __FILE__, __LINE__, rc_, (want), out);                                    \
-            test_failures++;                                                                  \
-        }                                                                                     \
-    } while (0)
-
-static char dir[] = "/tmp/safecuda-test-cli-XXXXXX";
-
-static void write_file(const char *name, const char *text)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    REQUIRE(f != NULL);
-    REQUIRE(fputs(text, f) >= 0);
-    REQUIRE(fclose(f) == 0);
-}
-
-/* The first bytes of dir/name ("" when missing). */
-static void read_head(const char *name, char *buf, size_t size)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    buf[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return;
-    size_t n = fread(buf, 1, size - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
-static bool exists(const char *name)
-{
-    char path[256];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return stat(path, &st) == 0;
-}
+#include "cli_test.h"
 
 /* ---- without NVRTC ----------------------------------------------------------------------- */
 
@@ -121,6 +21,7 @@ static void test_info_without_driver(void)
     CHECK_OUT("cannot load the CUDA driver library");
     CHECK_OUT("/nonexistent/libcuda.so.1");
     CHECK_OUT("install the NVIDIA driver");
+    CHECK_OUT("without a GPU (CI), SAFECUDA_DEVICE=test selects safecuda's test device");
     CHECK_OUT("NVRTC:   "); /* the compiler is there or not whatever the driver */
 
     CHECK_RC(runf(ENV "'%s' info --json 2>/dev/null", SAFECUDA_CLI), 2);
@@ -139,6 +40,99 @@ static void test_info_without_driver(void)
     CHECK_OUT("\"error\": \"SC_ERR_NO_DRIVER\"");
     CHECK_OUT("\"nvrtc_version\": null");
     CHECK_OUT("\"nvrtc_error\": \"sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
+}
+
+/* The one table of exit statuses, in every command's help, and what the statuses are: a
+ * bad SAFECUDA_* setting is bad usage (64) everywhere the driver is used, no driver is 2. */
+#define EXIT_TABLE                                                                            \
+    "exit status (every command):\n"                                                          \
+    "  0   done\n"                                                                            \
+    "  1   failed: a compile error, an input that can't be read, an output that can't be\n"  \
+    "      written, a driver that is installed but not usable\n"                              \
+    "  2   nothing to run on: no NVIDIA driver or no device (info; compile and precompile\n"  \
+    "      without --arch), or no NVRTC (compile, precompile)\n"                             \
+    "  64  bad usage: an unknown command, option or argument, a bad value, or a bad\n"      \
+    "      SAFECUDA_* setting (SAFECUDA_DEVICE, SAFECUDA_TESTDEVICE_*)\n"
+
+static void test_exit_statuses(void)
+{
+    static const char *const helps[] = {"help", "--help", "info --help", "info -h",
+                                        "compile --help", "precompile --help"};
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        CHECK_RC(runf(ENV "'%s' %s 2>&1", SAFECUDA_CLI, helps[i]), 0);
+        CHECK_OUT(EXIT_TABLE);
+    }
+    CHECK_RC(runf(ENV "'%s' info --help 2>&1", SAFECUDA_CLI), 0);
+    CHECK_OUT("usage: safecuda info [--json]");
+
+    /* A bad setting: 64 with the setting named, for info (text and JSON), compile without
+     * --arch and precompile without --arch (both need the driver then). */
+    static const struct {
+        const char *env, *named;
+    } settings[] = {
+        {"SAFECUDA_DEVICE=garbage", "SAFECUDA_DEVICE=garbage is not a device safecuda knows"},
+        {"SAFECUDA_DEVICE=test SAFECUDA_TESTDEVICE_CC=abc", "SAFECUDA_TESTDEVICE_CC=abc: "},
+        {"SAFECUDA_DEVICE=test SAFECUDA_TESTDEVICE_MEMORY_MB=0",
+         "SAFECUDA_TESTDEVICE_MEMORY_MB=0: "},
+    };
+    write_file("k.cu", "extern \"C\" __global__ void k(float *x) { x[0] = 1.0f; }\n");
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+        const char *env = settings[i].env;
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' info 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' info --json 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT("\"error\": \"SC_ERR_INVALID_ARGUMENT\"");
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' compile '%s/k.cu' 2>&1", env, SAFECUDA_CLI,
+                      dir),
+                 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_NOT_OUT("no CUDA device here");
+        CHECK_RC(runf("SAFECUDA_CACHE=0 %s '%s' precompile 2>&1", env, SAFECUDA_CLI), 64);
+        CHECK_OUT(settings[i].named);
+        CHECK_NOT_OUT("no CUDA device here");
+    }
+    /* No driver stays 2; a broken driver is 1 (not "no GPU"). */
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+}
+
+/* safecuda info says where the disk cache is, and why it is off when it is: on purpose
+ * (SAFECUDA_CACHE=0) or a folder that can't be used (every run compiles again). */
+static void test_info_cache(void)
+{
+    const char *no_driver = "SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1";
+    CHECK_RC(runf(ENV "'%s' info 2>&1", SAFECUDA_CLI), 2);
+    CHECK_OUT("cache:   off: SAFECUDA_CACHE=0\n");
+    write_file("not-a-folder", "x\n");
+    char want[512];
+    CHECK_RC(runf("%s SAFECUDA_CACHE_DIR='%s/not-a-folder/kc' '%s' info 2>&1", no_driver, dir,
+                  SAFECUDA_CLI),
+             2);
+    snprintf(want, sizeof want,
+             "cache:   off: SAFECUDA_CACHE_DIR=%s/not-a-folder/kc can't be used: Not a "
+             "directory; every program is compiled again on every run\n",
+             dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("%s SAFECUDA_CACHE_DIR='%s/not-a-folder/kc' '%s' info --json 2>&1", no_driver,
+                  dir, SAFECUDA_CLI),
+             2);
+    CHECK_OUT("\"cache_on\": false");
+    snprintf(want, sizeof want, "\"cache_dir\": \"%s/not-a-folder/kc\"", dir);
+    CHECK_OUT(want);
+    CHECK_OUT("\"cache_problem\": \"SAFECUDA_CACHE_DIR=");
+    /* A usable folder, with the test device (the devices' part prints it too). */
+    CHECK_RC(runf("SAFECUDA_DEVICE=test SAFECUDA_CACHE_DIR='%s/info-kc' '%s' info 2>&1", dir,
+                  SAFECUDA_CLI),
+             0);
+    snprintf(want, sizeof want, "cache:   %s/info-kc\n", dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("SAFECUDA_DEVICE=test SAFECUDA_CACHE_DIR='%s/info-kc' '%s' info --json 2>&1",
+                  dir, SAFECUDA_CLI),
+             0);
+    CHECK_OUT("\"cache_on\": true");
+    CHECK_OUT("\"cache_problem\": \"\"");
+    /* The help says how to turn it off. */
+    CHECK_RC(runf("'%s' info --help 2>&1", SAFECUDA_CLI), 0);
+    CHECK_OUT("SAFECUDA_CACHE=0");
 }
 
 static void test_usage(void)
@@ -187,19 +181,6 @@ static void test_usage(void)
         {"/nonexistent/k.cu --arch sm_90 --define-macro",
          "safecuda compile: --define-macro needs a value"},
         {"/nonexistent/k.cu --arch sm_90 -U", "safecuda compile: -U needs a value"},
-        {"/nonexistent/k.cu --arch sm_9x", "safecuda compile: bad --arch 'sm_9x'"},
-        {"/nonexistent/k.cu --arch sm_", "safecuda compile: bad --arch 'sm_'"},
-        {"/nonexistent/k.cu --arch 90b", "safecuda compile: bad --arch '90b'"},
-        {"/nonexistent/k.cu --arch sm_90aa", "safecuda compile: bad --arch 'sm_90aa'"},
-        {"/nonexistent/k.cu --arch compute_", "safecuda compile: bad --arch 'compute_'"},
-        {"/nonexistent/k.cu --arch sm_9", "safecuda compile: bad --arch 'sm_9'"},
-        {"/nonexistent/k.cu --arch sm_1000", "safecuda compile: bad --arch 'sm_1000'"},
-        {"/nonexistent/k.cu --arch sm_30", "safecuda compile: bad --arch 'sm_30'"},
-        {"/nonexistent/k.cu --arch gfx90a", "safecuda compile: bad --arch 'gfx90a'"},
-        {"/nonexistent/k.cu -arch=sm_9x", "safecuda compile: bad -arch 'sm_9x'"},
-        {"/nonexistent/k.cu --arch sm_100f",
-         "safecuda compile: --arch 'sm_100f': family-specific targets are not supported; "
-         "write sm_100a (sm_100 only) or sm_100"},
         {"/nonexistent/k.cu --arch sm_80 --arch sm_90",
          "safecuda compile: --arch given twice ('sm_80' and 'sm_90')"},
         {"/nonexistent/k.cu --arch sm_90 -o a -o b", "safecuda compile: -o given twice ('a' and 'b')"},
@@ -216,10 +197,6 @@ static void test_usage(void)
             test_failures++;
         }
     }
-    /* Every bad --arch says what is accepted. */
-    CHECK_RC(runf(ENV "'%s' compile k.cu --arch sm_9x 2>&1", SAFECUDA_CLI), 64);
-    CHECK_OUT("write sm_XY, sm_XYa, compute_XY, compute_XYa, XY or native (e.g. sm_90, sm_90a, "
-              "compute_90)");
 }
 
 static void test_unreadable_input(void)
@@ -245,6 +222,42 @@ static void test_unreadable_input(void)
     CHECK_OUT("no CUDA device here");
 }
 
+/* SAFECUDA_DEVICE=test from a copy of the command elsewhere: where it is not, the message
+ * lists every folder looked in (beside the program, its prefix's library folders, the
+ * configured libdir, the prefix); then found in <prefix>/lib64, through PATH (argv[0] names
+ * no folder), and through a link to the program from another folder. */
+static void test_finds_test_device(void)
+{
+    CHECK_RC(runf("mkdir -p '%s/tree/bin' '%s/links' && cp '%s' '%s/tree/bin/safecuda'", dir, dir,
+                  SAFECUDA_CLI, dir),
+             0);
+    const char *env = "SAFECUDA_DEVICE=test SAFECUDA_CACHE=0 LD_LIBRARY_PATH= ";
+    CHECK_RC(runf("%s'%s/tree/bin/safecuda' info 2>&1", env, dir), 2);
+    char want[1024];
+    snprintf(want, sizeof want,
+             "cannot load the safecuda test device (SAFECUDA_DEVICE=test): "
+             "libsafecuda_testdevice.so is not in %s/tree/bin, %s/tree/lib, %s/tree/lib64",
+             dir, dir, dir);
+    CHECK_OUT(want);
+    snprintf(want, sizeof want, ", %s/tree, nor found by the dynamic linker", dir);
+    CHECK_OUT(want);
+
+    CHECK_RC(runf("mkdir -p '%s/tree/lib64' && cp '%s' '%s/tree/lib64/'", dir,
+                  SAFECUDA_TESTDEVICE_LIB, dir),
+             0);
+    CHECK_RC(runf("%s'%s/tree/bin/safecuda' info 2>&1", env, dir), 0);
+    CHECK_OUT("safecuda test device (host memory, runs no kernels)");
+    snprintf(want, sizeof want, "(%s/tree/lib64/libsafecuda_testdevice.so)", dir);
+    CHECK_OUT(want);
+    CHECK_RC(runf("%sPATH='%s/tree/bin':\"$PATH\" safecuda info 2>&1", env, dir), 0);
+    CHECK_OUT(want);
+    CHECK_RC(runf("ln -s '%s/tree/bin/safecuda' '%s/links/safecuda' && %s'%s/links/safecuda' "
+                  "info 2>&1",
+                  dir, dir, env, dir),
+             0);
+    CHECK_OUT(want);
+}
+
 static void test_stdout_unwritable(void)
 {
     /* What the tool prints is its output: a failed write to stdout is a failure. */
@@ -264,7 +277,7 @@ static void test_precompile_usage(void)
         CHECK_OUT("usage: safecuda precompile [--arch TARGET] [--cache-dir DIR]");
         CHECK_OUT("--cache-dir DIR");
         CHECK_OUT("sm_XYa       the same as sm_XY");
-        CHECK_OUT("exit status: 0 every file compiled or already cached");
+        CHECK_OUT("exit status (every command):");
     }
     CHECK_RC(runf("'%s' help", SAFECUDA_CLI), 0);
     CHECK_OUT("precompile [--arch TARGET] [--cache-dir DIR]");
@@ -278,14 +291,6 @@ static void test_precompile_usage(void)
         {"--arch --cache-dir d", "safecuda precompile: --arch needs a value"},
         {"--cache-dir", "safecuda precompile: --cache-dir needs a value, e.g. --cache-dir "},
         {"--arch sm_90 --cache-dir=", "safecuda precompile: --cache-dir needs a value"},
-        {"--arch sm_9", "safecuda precompile: bad --arch 'sm_9': write sm_XY, sm_XYa, XY or "
-                        "native, the device's architecture (e.g. sm_90a, sm_90, sm_80)"},
-        {"--arch sm_9x", "safecuda precompile: bad --arch 'sm_9x'"},
-        {"--arch gfx90a", "safecuda precompile: bad --arch 'gfx90a'"},
-        {"--arch=sm_30", "safecuda precompile: bad --arch 'sm_30'"},
-        {"--arch compute_90", "safecuda precompile: bad --arch 'compute_90'"},
-        {"--arch compute_90", "PTX targets (compute_XY) are not offered"},
-        {"--arch sm_100f", "family-specific targets are not supported"},
         {"--arch sm_80 --arch sm_90",
          "safecuda precompile: --arch given twice ('sm_80' and 'sm_90')"},
         {"--cache-dir a --cache-dir=b",
@@ -368,60 +373,6 @@ static void test_moe_sm90a(void)
     CHECK_OUT("not supported on .target 'sm_90'");
 }
 
-static void test_arch_spellings(void)
-{
-    write_file("k.cu", "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 1.0f; }\n");
-    static const struct {
-        const char *args, *says;
-    } ok[] = {
-        {"--arch sm_90a", "cubin for sm_90a, "},
-        {"--arch=sm_90a", "cubin for sm_90a, "},
-        {"-arch sm_90a", "cubin for sm_90a, "},
-        {"-arch=sm_90a", "cubin for sm_90a, "},
-        {"--gpu-architecture sm_90a", "cubin for sm_90a, "},
-        {"--gpu-architecture=sm_90a", "cubin for sm_90a, "},
-        {"--arch 90a", "cubin for sm_90a, "},
-        {"--arch sm_90", "cubin for sm_90, "},
-        {"--arch 90", "cubin for sm_90, "},
-        {"--arch sm_80", "cubin for sm_80, "},
-        {"--arch compute_90", "PTX for compute_90, "},
-        {"--arch compute_90a", "PTX for compute_90a, "},
-        {"--arch sm_90 --ptx", "PTX for compute_90, "},
-        {"--arch sm_90a -ptx", "PTX for compute_90a, "},
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        int rc = runf(ENV "'%s' compile '%s/k.cu' %s 2>&1", SAFECUDA_CLI, dir, ok[i].args);
-        if (rc != 0 || !strstr(out, ok[i].says)) {
-            fprintf(stderr, "compile k.cu %s: exit %d (want 0), output:\n%s\nwanted: %s\n",
-                    ok[i].args, rc, out, ok[i].says);
-            test_failures++;
-        }
-    }
-
-    /* compute_90 writes PTX (text), not an sm_90 cubin; sm_90 writes a cubin (ELF). */
-    char head[4096];
-    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch compute_90 -o '%s/k.ptx' 2>&1",
-                  SAFECUDA_CLI, dir, dir),
-             0);
-    CHECK_OUT("wrote ");
-    read_head("k.ptx", head, sizeof head);
-    CHECK(strncmp(head, "//", 2) == 0 || strncmp(head, ".version", 8) == 0);
-    CHECK(strstr(head, ".target sm_90") != NULL && strstr(head, ".target sm_90a") == NULL);
-    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch compute_90a -o '%s/k.ptx' 2>&1",
-                  SAFECUDA_CLI, dir, dir),
-             0);
-    read_head("k.ptx", head, sizeof head);
-    CHECK(strstr(head, ".target sm_90a") != NULL);
-    CHECK_RC(runf(ENV "'%s' compile '%s/k.cu' --arch sm_90 -o '%s/k.cubin' 2>&1",
-                  SAFECUDA_CLI, dir, dir),
-             0);
-    read_head("k.cubin", head, sizeof head);
-    CHECK(memcmp(head, "\x7f" "ELF", 4) == 0);
-    char wrote[300];
-    snprintf(wrote, sizeof wrote, "wrote %s/k.cubin", dir);
-    CHECK_OUT(wrote);
-}
-
 static void test_include_and_define(void)
 {
     char sub[256];
@@ -502,7 +453,7 @@ static void test_unwritable_output(void)
 
 /* safecuda precompile with NVRTC: a folder that can't be made (1); the built-in kernels
  * for sm_80 (the sm_90a file skipped), one line per file and the summary, then the same
- * again from SAFECUDA_CACHE_DIR (no --cache-dir; sm_80a spelled): all from the cache. */
+ * again from SAFECUDA_CACHE_DIR (no --cache-dir; 80 spelled): all from the cache. */
 static void test_precompile(void)
 {
     write_file("a-file", "not a folder\n");
@@ -537,7 +488,7 @@ static void test_precompile(void)
     CHECK(atoi(out) == 3);
 
     CHECK_RC(runf("SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE_DIR='%s' '%s' "
-                  "precompile --arch=sm_80a 2>&1",
+                  "precompile --arch=80 2>&1",
                   kc, SAFECUDA_CLI),
              0);
     CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
@@ -590,7 +541,10 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_info_without_driver();
     test_usage();
+    test_info_cache();
+    test_exit_statuses();
     test_unreadable_input();
+    test_finds_test_device();
     test_stdout_unwritable();
     test_precompile_usage();
 
@@ -602,7 +556,6 @@ int main(void)
         snprintf(version, sizeof version, "%d.%d", major, minor);
         test_info_nvrtc(version);
         test_moe_sm90a();
-        test_arch_spellings();
         test_include_and_define();
         test_unwritable_output();
         test_huge_log();

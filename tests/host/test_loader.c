@@ -32,6 +32,8 @@ static void no_driver_everywhere(const char *needle)
         CHECK_MSG("sc_init: ");
         CHECK_MSG(needle);
         CHECK_MSG("install the NVIDIA driver");
+        /* A CI machine without a GPU wants the test device: say it. */
+        CHECK_MSG("without a GPU (CI), SAFECUDA_DEVICE=test selects safecuda's test device");
     }
     int n = 5, v = 0;
     CHECK_STATUS(sc_device_count(&n), SC_ERR_NO_DRIVER);

@@ -86,10 +86,45 @@ function(check prefix libdir name)
   endif()
 endfunction()
 
+# test_device_found(name cmd...): cmd, run with SAFECUDA_DEVICE=test, finds the test device
+# (its output names it) and succeeds.
+function(test_device_found name)
+  run(ENV SAFECUDA_DEVICE=test ${ARGN} OUT out)
+  if(NOT out MATCHES "safecuda test device \\(host memory, runs no kernels\\)")
+    message(FATAL_ERROR "${name}: did not find the test device:\n${out}")
+  endif()
+endfunction()
+
+# cli_finds_test_device(prefix name): the installed command finds the installed test device
+# run by its path, through PATH (argv[0] without a folder), and through a symbolic link in
+# another folder (resolved to the installed file).
+function(cli_finds_test_device prefix name)
+  test_device_found("${name}: bin/safecuda info" ${prefix}/bin/safecuda info)
+  test_device_found("${name}: safecuda info through PATH"
+                    sh -c "PATH='${prefix}/bin':\"$PATH\" exec safecuda info")
+  set(elsewhere ${WORK_DIR}/elsewhere-${name})
+  file(MAKE_DIRECTORY ${elsewhere})
+  file(CREATE_LINK ${prefix}/bin/safecuda ${elsewhere}/safecuda SYMBOLIC)
+  test_device_found("${name}: a link to bin/safecuda" ${elsewhere}/safecuda info)
+endfunction()
+
 # 1. The build, installed into a prefix of its own.
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 check(${WORK_DIR}/prefix lib prefix)
 run(${WORK_DIR}/prefix/bin/safecuda version)
+cli_finds_test_device(${WORK_DIR}/prefix prefix)
+
+# The build tree's own programs find the build's test device too: the command through PATH,
+# and a benchmark (in a folder of its own) by its path.
+test_device_found("build: safecuda info through PATH"
+                  sh -c "PATH='${BUILD_DIR}':\"$PATH\" exec safecuda info")
+if(EXISTS ${BUILD_DIR}/bench/bench_memory)
+  run(ENV SAFECUDA_DEVICE=test sh -c
+      "SAFECUDA_BENCH_NO_PEER=1 exec '${BUILD_DIR}/bench/bench_memory' --quick" OUT out)
+  if(NOT out MATCHES "bench_memory[^\n]*: safecuda test device")
+    message(FATAL_ERROR "build: bench_memory did not find the test device:\n${out}")
+  endif()
+endif()
 
 # 2. A Debian-style package: prefix /usr, a multiarch libdir, staged with DESTDIR.
 if(NOT MULTIARCH)
@@ -102,6 +137,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/deb-build -DCMAKE_BUILD_TYP
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/deb-build -j ${jobs})
 run(ENV DESTDIR=${WORK_DIR}/stage ${CMAKE_COMMAND} --install ${WORK_DIR}/deb-build)
 check(${WORK_DIR}/stage/usr lib/${MULTIARCH} multiarch)
+cli_finds_test_device(${WORK_DIR}/stage/usr multiarch)
 
 if(skipped)
   message(STATUS "SKIPPED: pkg-config not found, not checked for:${skipped}")

@@ -1,0 +1,81 @@
+# The MoE layer's limits are defined once, in include/safecuda/moe.h (SC_MOE_MAX_EXPERTS,
+# _TOPK, _SHARED, _STEPS). The kernels (NVRTC: kernels/moe/moe_config.cuh) and the Python
+# package (python/safecuda/_lib.py, ctypes) can't include that header, so they hold copies,
+# checked here at every build: a copy that differs or lacks a limit stops the build, naming
+# the file, the limit and both values. On success STAMP is written (the build's output).
+#
+#   cmake -DHEADER=moe.h -DCONFIG=moe_config.cuh -DPYTHON=_lib.py -DSTAMP=file -P this
+cmake_minimum_required(VERSION 3.25)
+set(names SC_MOE_MAX_EXPERTS SC_MOE_MAX_TOPK SC_MOE_MAX_SHARED SC_MOE_MAX_STEPS)
+set(in_config SC_MOE_MAX_EXPERTS SC_MOE_MAX_TOPK SC_MOE_MAX_SHARED) # the kernels' share
+
+# #define NAME VALUE in a C header.
+function(c_define file name out)
+  file(STRINGS ${file} lines REGEX "^#define ${name}[ \t]+[0-9]+")
+  if(lines)
+    list(GET lines 0 line)
+    string(REGEX REPLACE "^#define ${name}[ \t]+([0-9]+).*" "\\1" value "${line}")
+    set(${out} ${value} PARENT_SCOPE)
+  else()
+    set(${out} "" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# NAME = VALUE, or A, B, C = 1, 2, 3, at the start of a line in a Python file.
+function(py_constant file name out)
+  set(${out} "" PARENT_SCOPE)
+  file(STRINGS ${file} lines REGEX "^[A-Z0-9_, ]*${name}[A-Z0-9_, ]*=[ 0-9,]+$")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^([A-Z0-9_, ]+)=([ 0-9,]+)$" "\\1" lhs "${line}")
+    string(REGEX REPLACE "^([A-Z0-9_, ]+)=([ 0-9,]+)$" "\\2" rhs "${line}")
+    string(REPLACE " " "" lhs "${lhs}")
+    string(REPLACE " " "" rhs "${rhs}")
+    string(REPLACE "," ";" lhs "${lhs}")
+    string(REPLACE "," ";" rhs "${rhs}")
+    list(FIND lhs ${name} at)
+    list(LENGTH rhs n)
+    if(at GREATER -1 AND at LESS n)
+      list(GET rhs ${at} value)
+      set(${out} ${value} PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+endfunction()
+
+set(problems "")
+foreach(name ${names})
+  c_define(${HEADER} ${name} want)
+  if(want STREQUAL "")
+    list(APPEND problems "include/safecuda/moe.h does not define ${name}")
+    continue()
+  endif()
+  set(copies ${PYTHON})
+  if(name IN_LIST in_config)
+    list(APPEND copies ${CONFIG})
+  endif()
+  foreach(copy ${copies})
+    get_filename_component(base ${copy} NAME)
+    if(copy STREQUAL PYTHON)
+      py_constant(${copy} ${name} got)
+    else()
+      c_define(${copy} ${name} got)
+    endif()
+    if(got STREQUAL "")
+      list(APPEND problems "${base}: ${name} is not defined, include/safecuda/moe.h says ${want}")
+    elseif(NOT got EQUAL want)
+      list(APPEND problems "${base}: ${name} is ${got}, include/safecuda/moe.h says ${want}")
+    endif()
+  endforeach()
+endforeach()
+if(problems)
+  # NOTICE: printed as it is (a FATAL_ERROR's text is re-wrapped).
+  message(NOTICE "the MoE limits are defined in include/safecuda/moe.h; a copy differs "
+                 "(change the copy, or all of them with the header):")
+  foreach(p IN LISTS problems)
+    message(NOTICE "  ${p}")
+  endforeach()
+  message(FATAL_ERROR "the MoE limits disagree (above)")
+endif()
+if(STAMP)
+  file(WRITE ${STAMP} "the MoE limits agree\n")
+endif()
