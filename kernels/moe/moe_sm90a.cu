@@ -382,8 +382,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             mbar_init(empty_bar + s * 8, RELEASES);
         }
         if (SPLIT > 1) {
-            mbar_init(ready_bar, 4 * CONS); // one arrive per consumer warp of the other CTA
-            mbar_init(read_bar, 4 * CONS);
+            mbar_init(ready_bar, 32 * CONS); // the other CTA's writers: 8 per consumer warp
+            mbar_init(read_bar, 128 * CONS); // every consumer thread of the other CTA
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -650,20 +650,19 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                             // magnitudes through distributed shared memory.
                             const unsigned other = rank ^ 1u, ph = tiles_done & 1u;
                             const int lr = c * 64 + warp * 16 + (lane >> 2); // local row
+                            // Each thread that writes (or reads) arrives itself, so that
+                            // its release orders its own accesses (ready: 8 writers per
+                            // warp; read: every thread).
                             if ((lane & 3) == 0) {
                                 amax_own[lr] = amax[0];
                                 amax_own[lr + 8] = amax[1];
-                            }
-                            __syncwarp();
-                            if (lane == 0)
                                 mbar_arrive_remote(cluster_map(ready_bar, other));
+                            }
                             mbar_wait_cluster(ready_bar, ph);
                             const unsigned there = cluster_map(amax_addr, other);
                             amax[0] = fmaxf(amax[0], ld_cluster_f32(there + lr * 4));
                             amax[1] = fmaxf(amax[1], ld_cluster_f32(there + (lr + 8) * 4));
-                            __syncwarp();
-                            if (lane == 0)
-                                mbar_arrive_remote(cluster_map(read_bar, other));
+                            mbar_arrive_remote(cluster_map(read_bar, other));
                             mbar_wait_cluster(read_bar, ph); // ours are read: reusable
                         }
                         fp8_t *out = static_cast<fp8_t *>(g.out);
