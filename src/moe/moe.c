@@ -934,8 +934,14 @@ sc_status sc_moe_routing_check(sc_stream stream, sc_moe layer)
 static void name_stale_weight(const sci_moe *m)
 {
     static const char *const names[SCI_MOE_WT_COUNT] = {
-        "router", "w13", "w2", "selection_bias", "router_bias", "w13_bias", "w2_bias",
-        "shared_w13", "shared_w2", "shared_gate"};
+        [SCI_MOE_WT_ROUTER] = "router", [SCI_MOE_WT_W13] = "w13", [SCI_MOE_WT_W2] = "w2",
+        [SCI_MOE_WT_SEL_BIAS] = "selection_bias", [SCI_MOE_WT_ROUTER_BIAS] = "router_bias",
+        [SCI_MOE_WT_W13_BIAS] = "w13_bias", [SCI_MOE_WT_W2_BIAS] = "w2_bias",
+        [SCI_MOE_WT_SHARED_W13] = "shared_w13", [SCI_MOE_WT_SHARED_W2] = "shared_w2",
+        [SCI_MOE_WT_SHARED_GATE] = "shared_gate", [SCI_MOE_WT_W13_SCALE] = "w13_scale",
+        [SCI_MOE_WT_W2_SCALE] = "w2_scale", [SCI_MOE_WT_SHARED_W13_SCALE] = "shared_w13_scale",
+        [SCI_MOE_WT_SHARED_W2_SCALE] = "shared_w2_scale"};
+    _Static_assert(SCI_MOE_WT_COUNT == 14, "a name for every weight");
     char *message = sci_error_save();
     for (int i = 0; i < SCI_MOE_WT_COUNT; i++) {
         sc_buffer_props p;
@@ -1019,8 +1025,6 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         pthread_mutex_unlock(&m->lock);
     }
     s = steps_finish(&st, s);
-    if (s == SC_ERR_STALE_HANDLE)
-        name_stale_weight(m);
     if (s == SC_ERR_STALE_HANDLE)
         name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)

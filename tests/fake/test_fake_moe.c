@@ -322,6 +322,12 @@ static void test_stale_view(void)
     CHECK_OK(sc_buffer_destroy(w.f32));
     CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out), NULL),
                SC_ERR_STALE_HANDLE, "desc->selection_bias");
+    /* the weight named once, at the end of the message */
+    {
+        const char *msg = sc_last_error(), *at = strstr(msg, " (the layer's weight ");
+        CHECK(at && strcmp(at, " (the layer's weight desc->selection_bias) (in sc_moe_forward)") == 0);
+        CHECK(at && !strstr(at + 1, " (the layer's weight "));
+    }
     /* and a destroyed buffer given to create. */
     sc_moe other;
     d.w13_view.buffer = x;

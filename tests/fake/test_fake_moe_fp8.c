@@ -268,6 +268,28 @@ static void test_refusals(void)
     free_weights(&w);
 }
 
+/* A destroyed buffer of block scales: the next forward names the scale. */
+static void test_stale_scale(void)
+{
+    sc_moe_desc d = variants[0].shape; /* views; the f32 buffer holds the scales alone */
+    weights w;
+    make_weights(&d, &w, true, false, false);
+    sc_moe layer;
+    REQUIRE(sc_moe_create(ctx, &d, &layer) == SC_OK);
+    sc_buffer x = buf(SC_BF16, 256), out = buf(SC_BF16, 256);
+    CHECK_OK(sc_buffer_destroy(w.f32));
+    w.f32 = (sc_buffer){0};
+    sc_clear_error();
+    CHECK_STATUS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out), NULL),
+                 SC_ERR_STALE_HANDLE);
+    const char *at = strstr(sc_last_error(), " (the layer's weight ");
+    CHECK(at && strcmp(at, " (the layer's weight desc->w13_scale) (in sc_moe_forward)") == 0);
+    CHECK_OK(sc_moe_destroy(layer));
+    CHECK_OK(sc_buffer_destroy(x));
+    CHECK_OK(sc_buffer_destroy(out));
+    free_weights(&w);
+}
+
 int main(void)
 {
     fake_attach();
@@ -293,6 +315,7 @@ int main(void)
     const int misuse0 = fake.misuse_count();
     test_variants();
     test_refusals();
+    test_stale_scale();
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
