@@ -25,7 +25,10 @@
  *   both projections; a shared expert every token uses (DeepSeek-V3, Kimi K2, Qwen3-Next),
  *   optionally gated by sigmoid(x . gate row), computed in the same grouped GEMMs;
  * - weights as views into larger buffers (a checkpoint loaded as one allocation), at any
- *   16-byte aligned offset;
+ *   16-byte aligned offset (on sm_90 the GEMMs start K early by the view's misalignment
+ *   within 128 bytes, so that every copy stays 128-byte aligned; SAFECUDA_MOE_KSHIFT=0 turns
+ *   it off; the sums then split K elsewhere than for the same weights 128-byte aligned, so
+ *   the two agree to rounding, not bitwise);
  * - out += layer(x) (the residual add in the same pass). */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
