@@ -14,7 +14,8 @@
  * over the checked tokens, every output finite; a repeat bitwise; the same weights as views
  * at odd 16-byte offsets of one allocation bitwise; out += layer(x); a captured graph's
  * replay bitwise the eager forward. The caller's routing: every token to one expert, padded
- * slots, experts with no token. Skipped before sm_90 (the layer refuses fp8 there: checked).
+ * slots, experts with no token. Every fp8 tile shape forced in turn (SAFECUDA_MOE_TILE).
+ * Skipped before sm_90 (the layer refuses fp8 there: checked).
  * SAFECUDA_UNDER_SANITIZER: a few small cases. */
 #include <math.h>
 
@@ -590,6 +591,32 @@ static void test_models(void)
     run_model(&models[M_GEGLU], Ts, 4, 4);
 }
 
+/* Every fp8 tile shape (SAFECUDA_MOE_TILE fixes it for the layers made while it is set): the
+ * forward against the reference at a decode and a prefill size, for a layer with and one
+ * without a shared expert. */
+static void test_tiles(void)
+{
+    static const char *const tiles[] = {"fp8_small", "fp8_split", "fp8_narrow", "fp8_large"};
+    static const int which[] = {M_QWEN3, M_DSV3};
+    const uint64_t Ts[] = {7, 300};
+    for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
+        REQUIRE(setenv("SAFECUDA_MOE_TILE", tiles[t], 1) == 0);
+        for (size_t i = 0; i < (quick ? 1u : 2u); i++) {
+            const model *m = &models[which[i]];
+            printf("%s, tile %s\n", m->name, tiles[t]);
+            weights w;
+            make_weights(m, &w, 31 + t);
+            sc_moe layer = make_layer(m, &w, false), vlayer = make_layer(m, &w, true);
+            for (int j = 0; j < 2; j++)
+                run_case(m, &w, layer, vlayer, Ts[j], 500 + t * 10 + (uint64_t)j, false);
+            CHECK_OK(sc_moe_destroy(layer));
+            CHECK_OK(sc_moe_destroy(vlayer));
+            free_weights(&w);
+        }
+    }
+    REQUIRE(unsetenv("SAFECUDA_MOE_TILE") == 0);
+}
+
 /* The caller's routing: every token's first slot to one expert, the others padded (-1);
  * then a random routing over 3 experts only (the others get no token). */
 static void test_caller_routing(void)
@@ -660,6 +687,7 @@ int main(void)
         if (quick)
             printf("SAFECUDA_UNDER_SANITIZER: a few small cases\n");
         TEST_RUN(test_models);
+        TEST_RUN(test_tiles);
         TEST_RUN(test_caller_routing);
     }
     size_t live = 0;
