@@ -2,8 +2,8 @@
  * command line (--out DIR, --quick), the no-GPU skip rule and the Python peers.
  *
  * Every function is static inline so a program that leaves one unused still builds with
- * -Werror. The benchmarks include the library's internal headers (src/ is on their include
- * path) to reach the raw driver through the sci_cu* wrappers for the baselines. */
+ * -Werror. The benchmarks use the public API only (include/; a host test keeps src/ out of
+ * bench/); the raw driver baselines load libcuda themselves (raw_driver.h). */
 #ifndef SAFECUDA_BENCH_COMMON_H
 #define SAFECUDA_BENCH_COMMON_H
 
@@ -19,7 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "driver/driver.h"
 #include "gpu_presence.h"
 #include "safecuda.h"
 
@@ -38,29 +37,12 @@ static inline void bench_fail_sc(const char *expr, sc_status s, const char *file
     exit(1);
 }
 
-static inline void bench_fail_cu(const char *expr, CUresult r, const char *file, int line)
-{
-    fflush(stdout);
-    fprintf(stderr, "bench: %s:%d: %s failed: %s (%s)\n", file, line, expr,
-            sci_cu_error_name(r), sci_cu_error_string(r));
-    printf("FAILED: %s returned %s\n", expr, sci_cu_error_name(r));
-    exit(1);
-}
-
 /* Evaluate an sc_status expression; on failure print sc_last_error() and exit 1. */
 #define SC_TRY(expr)                                          \
     do {                                                      \
         sc_status sc_try_ = (expr);                           \
         if (sc_try_ != SC_OK)                                 \
             bench_fail_sc(#expr, sc_try_, __FILE__, __LINE__); \
-    } while (0)
-
-/* Evaluate a CUresult expression (raw driver baselines); on failure exit 1. */
-#define CU_TRY(expr)                                          \
-    do {                                                      \
-        CUresult cu_try_ = (expr);                            \
-        if (cu_try_ != CUDA_SUCCESS)                          \
-            bench_fail_cu(#expr, cu_try_, __FILE__, __LINE__); \
     } while (0)
 
 static inline void *bench_xmalloc(size_t n)

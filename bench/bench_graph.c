@@ -10,8 +10,9 @@
  *     the same stream take turns batch by batch:
  *       sc_graph_launch        the checked replay (8 buffers and the kernel checked alive,
  *                              ordered and tracked as one operation);
- *       cuGraphLaunch          the same executable graph through the raw driver
- *                              (src/graph/graph.h's sci_graph_exec_cu);
+ *       cuGraphLaunch          the same graph made through the raw driver: the raw
+ *                              launch below captured on the same CUstream
+ *                              (sc_stream_cu_handle), one kernel node, instantiated;
  *       sc_kernel_launch       the kernel launched eagerly through the checked path;
  *       cuLaunchKernel         the same image loaded a second time, launched raw.
  *     A batch is 20000 calls issued in chunks of 256; only the issuing is timed (host
@@ -59,9 +60,10 @@
 #include <math.h> /* NAN, isnan, isfinite: macros only, no libm needed */
 
 #include "bench_common.h"
-#include "graph/graph.h"
+#include "peer.h"
+#include "raw_driver.h"
+#include "safecuda/interop.h"
 #include "safecuda/moe.h"
-#include "stream/stream.h"
 
 #define GIB (1ull << 30)
 #define CHUNK 256                /* launches between untimed synchronizations */
@@ -202,24 +204,19 @@ static void host_setup(sc_context ctx, sc_program prog, sc_kernel k, host_env *e
             }
     }
 
-    /* The raw side: the stream's and context's driver handles, the executable graph's,
-     * and the program's image loaded again for cuLaunchKernel. */
-    sci_stream *st = NULL;
-    SC_TRY(sci_stream_acquire(e->s, "bench_graph", &st)); /* makes the context current */
-    e->cs = st->cu;
-    e->cu_ctx = st->ctx->cu;
-    sci_stream_release(st);
-    e->cexec = sci_graph_exec_cu(e->exec);
-    if (!e->cexec) {
-        printf("FAILED: sci_graph_exec_cu: %s\n", sc_last_error());
-        exit(1);
-    }
+    /* The raw side: the primary context (sc_context's), the stream's CUstream
+     * (sc_stream_cu_handle), the program's image loaded again for cuLaunchKernel, and that
+     * launch captured on the same CUstream into a graph of one kernel node. */
+    SC_TRY(sc_stream_synchronize(e->s));
+    raw_driver_load();
+    e->cu_ctx = raw_driver_primary_context(0);
+    e->cs = raw_driver_stream(e->s);
     const void *img = NULL;
     uint64_t bytes = 0;
     SC_TRY(sc_program_image(prog, &img, &bytes));
-    CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
-    CU_TRY(sci_cuModuleLoadDataEx(&e->cmod, img, 0, NULL, NULL));
-    CU_TRY(sci_cuModuleGetFunction(&e->cf, e->cmod, "touch8"));
+    CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
+    CU_TRY(rd.cuModuleLoadDataEx(&e->cmod, img, 0, NULL, NULL));
+    CU_TRY(rd.cuModuleGetFunction(&e->cf, e->cmod, "touch8"));
     for (int i = 0; i < 8; i++) {
         uint64_t p = 0;
         SC_TRY(sc_buffer_device_ptr(e->buf[i], &p));
@@ -227,14 +224,22 @@ static void host_setup(sc_context ctx, sc_program prog, sc_kernel k, host_env *e
         e->params[i] = &e->ptr[i];
     }
     e->params[8] = &e->n;
+    CUgraph cg = NULL;
+    CU_TRY(rd.cuStreamBeginCapture(e->cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CU_TRY(rd.cuLaunchKernel(e->cf, 1, 1, 1, 32, 1, 1, 0, e->cs, e->params, NULL));
+    CU_TRY(rd.cuStreamEndCapture(e->cs, &cg));
+    CU_TRY(rd.cuGraphInstantiateWithFlags(&e->cexec, cg, 0));
+    CU_TRY(rd.cuGraphDestroy(cg));
     SC_TRY(sc_stream_synchronize(e->s));
 }
 
 static void host_teardown(host_env *e)
 {
     SC_TRY(sc_stream_synchronize(e->s));
-    CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
-    CU_TRY(sci_cuModuleUnload(e->cmod));
+    CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
+    CU_TRY(rd.cuGraphExecDestroy(e->cexec));
+    CU_TRY(rd.cuModuleUnload(e->cmod));
+    raw_driver_release_context(0);
     SC_TRY(sc_graph_exec_destroy(e->exec));
     for (int i = 0; i < 8; i++)
         SC_TRY(sc_buffer_destroy(e->buf[i]));
@@ -246,7 +251,7 @@ static double host_batch(host_env *e, int variant, uint64_t calls)
 {
     SC_TRY(sc_stream_synchronize(e->s));
     if (variant == V_GRAPH_RAW || variant == V_KERNEL_RAW)
-        CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
+        CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
     uint64_t total = 0, i = 0;
     while (i < calls) {
         uint64_t n = calls - i < CHUNK ? calls - i : CHUNK;
@@ -258,7 +263,7 @@ static double host_batch(host_env *e, int variant, uint64_t calls)
             break;
         case V_GRAPH_RAW:
             for (uint64_t j = 0; j < n; j++)
-                CU_TRY(sci_cuGraphLaunch(e->cexec, e->cs));
+                CU_TRY(rd.cuGraphLaunch(e->cexec, e->cs));
             break;
         case V_KERNEL:
             for (uint64_t j = 0; j < n; j++)
@@ -266,7 +271,7 @@ static double host_batch(host_env *e, int variant, uint64_t calls)
             break;
         default:
             for (uint64_t j = 0; j < n; j++)
-                CU_TRY(sci_cuLaunchKernel(e->cf, 1, 1, 1, 32, 1, 1, 0, e->cs, e->params, NULL));
+                CU_TRY(rd.cuLaunchKernel(e->cf, 1, 1, 1, 32, 1, 1, 0, e->cs, e->params, NULL));
             break;
         }
         total += bench_now_ns() - t0;
@@ -341,19 +346,28 @@ typedef struct env {
     int reps;
 } env;
 
-typedef struct peer_result {
-    bool ok;
-    double copy_tbs;  /* NAN when missing */
-    char info[256];
-    char reason[256];
-    size_t rows;
-} peer_result;
-
-/* The torch peer, for the layers and token counts above; never fails the benchmark. */
-static void run_peer(bool quick, peer_result *p)
+/* A peer point of one of the layers and token counts above. */
+static bool peer_point(void *user, const char *config, uint64_t T, double loop_ms,
+                       double grouped_ms)
 {
-    memset(p, 0, sizeof *p);
-    p->copy_tbs = NAN;
+    (void)user;
+    size_t ci = 0, ti = 0;
+    while (ci < N_CONFIGS && strcmp(configs[ci].name, config) != 0)
+        ci++;
+    while (ti < N_TOKENS && tokens[ti] != T)
+        ti++;
+    if (ci == N_CONFIGS || ti == N_TOKENS)
+        return false;
+    results[ci][ti].loop_ms = loop_ms;
+    results[ci][ti].grouped_ms = grouped_ms;
+    return true;
+}
+
+/* The torch peer, for the layers and token counts above (bench_moe_peer_run: its
+ * matmul_tflops is not a floor here, decode is bound by memory); never fails the
+ * benchmark. */
+static void run_peer(bool quick, bench_moe_peer *p)
+{
     char specs[512] = "", toks[64] = "";
     for (size_t i = 0; i < N_CONFIGS; i++) {
         const moe_config *c = &configs[i];
@@ -377,48 +391,7 @@ static void run_peer(bool quick, peer_result *p)
     snprintf(peer_args + n, sizeof peer_args - n, " --budget %d%s", budget,
              quick ? " --quick" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
-    const uint64_t t0 = bench_now_ns();
-    FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
-    if (!f)
-        return;
-    printf("peer: running %s (up to %d s)\n", PEER_SCRIPT, limit);
-    char line[2048];
-    while (fgets(line, sizeof line, f)) {
-        bench_chomp(line);
-        char w1[64], w2[64], w3[64], w4[64];
-        int got = sscanf(line, "peer %63s %63s %63s %63s", w1, w2, w3, w4);
-        if (got == 2 && strcmp(w1, "copy_tbs") == 0) {
-            p->copy_tbs = strtod(w2, NULL);
-            p->rows++;
-        } else if (got == 2) {
-            p->rows++; /* matmul_tflops: not a floor here (decode is bound by memory) */
-        } else if (got == 4) {
-            size_t ci = 0, ti = 0;
-            while (ci < N_CONFIGS && strcmp(configs[ci].name, w1) != 0)
-                ci++;
-            const uint64_t T = strtoull(w2, NULL, 10);
-            while (ti < N_TOKENS && tokens[ti] != T)
-                ti++;
-            if (ci < N_CONFIGS && ti < N_TOKENS) {
-                results[ci][ti].loop_ms = strtod(w3, NULL);
-                results[ci][ti].grouped_ms = strtod(w4, NULL);
-                p->rows++;
-            }
-        } else if (line[0] == '#') {
-            if (!p->info[0])
-                snprintf(p->info, sizeof p->info, "%.250s", line + (line[1] == ' ' ? 2 : 1));
-            printf("  peer %s\n", line);
-        } else if (line[0]) {
-            snprintf(p->reason, sizeof p->reason, "%.250s", line);
-            printf("  peer: %.300s\n", line);
-        }
-        fflush(stdout);
-    }
-    p->ok = p->rows > 0;
-    bench_peer_close(f, p->reason, sizeof p->reason);
-    printf("peer: %s in %.1f s: %zu results%s%s\n", p->ok ? "done" : "unavailable",
-           (double)(bench_now_ns() - t0) * 1e-9, p->rows, p->reason[0] ? "; " : "",
-           p->reason);
+    bench_moe_peer_run(PEER_SCRIPT, peer_args, limit, peer_point, NULL, p);
 }
 
 /* A device block of BLOCK_ELEMS bf16 values ~ N(0, stddev), made on the host in the pinned
@@ -869,7 +842,7 @@ static bool write_csv(const bench_opts *o, const double host[V_COUNT], double co
 }
 
 static void summary(const bench_opts *o, const sc_device_props *props, const double host[V_COUNT],
-                    const sc_graph_props *gp, double copy_tbs, const peer_result *peer,
+                    const sc_graph_props *gp, double copy_tbs, const bench_moe_peer *peer,
                     const char *csv)
 {
     printf("\n==== bench_graph summary: %s%s\n", props->name, o->quick ? " (--quick)" : "");
@@ -972,7 +945,7 @@ int main(int argc, char **argv)
         }
 
     /* The peer first, alone on the GPU: nothing of ours is allocated yet. */
-    peer_result peer;
+    bench_moe_peer peer;
     run_peer(o.quick, &peer);
 
     env e;

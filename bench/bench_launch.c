@@ -30,11 +30,47 @@
 #include <dirent.h>
 
 #include "bench_common.h"
-#include "core/context.h"
-#include "launch/builtin.h"
-#include "stream/stream.h"
+#include "raw_driver.h"
+#include "safecuda/interop.h"
 
 #define CHUNK 256 /* launches between untimed synchronizations */
+
+/* The built-in kernels/util/elementwise.cu, read from the source tree (malloc'd; the
+ * program lives until exit). A file that can't be read ends the benchmark (exit 1). */
+static const char *elementwise_source(void)
+{
+    static char *src;
+    if (src)
+        return src;
+    const char *path = SAFECUDA_SOURCE_DIR "/kernels/util/elementwise.cu";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("FAILED: can't read %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    size_t cap = 1 << 16, n = 0;
+    src = bench_xmalloc(cap);
+    for (;;) {
+        n += fread(src + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        char *more = realloc(src, cap * 2);
+        if (!more) {
+            printf("FAILED: out of host memory reading %s\n", path);
+            exit(1);
+        }
+        src = more;
+        cap *= 2;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        printf("FAILED: can't read %s\n", path);
+        exit(1);
+    }
+    src[n] = '\0';
+    return src;
+}
 
 static const char empty4_src[] =
     "extern \"C\" __global__ void empty4(const float *a, const float *b, float *c, float *d,\n"
@@ -125,11 +161,7 @@ static void bench_vector_add(sc_context ctx, uint64_t n, int runs, const bench_p
 {
     memset(r, 0, sizeof *r);
     r->n = n;
-    const char *src = sci_builtin_find("util/elementwise.cu");
-    if (!src) {
-        printf("FAILED: the built-in util/elementwise.cu is not embedded\n");
-        exit(1);
-    }
+    const char *src = elementwise_source();
     sc_program prog;
     SC_TRY(sc_program_create(ctx, &(sc_program_desc){.source = src,
                                                      .name = "util/elementwise.cu"},
@@ -255,17 +287,12 @@ static void side_create(launch_side *s, bool tracked, launch_env *env)
         const void *img = NULL;
         uint64_t bytes = 0;
         SC_TRY(sc_program_image(prog, &img, &bytes));
-        sci_context *c = NULL;
-        sci_stream *st = NULL;
-        SC_TRY(sci_context_acquire(s->ctx, "bench_launch", &c));
-        SC_TRY(sci_stream_resolve(s->s, c, "bench_launch", &st));
-        env->cu_ctx = c->cu;
-        env->cs = st->cu;
-        sci_stream_release(st);
-        sci_context_release(c);
-        CU_TRY(sci_cuCtxSetCurrent(env->cu_ctx));
-        CU_TRY(sci_cuModuleLoadDataEx(&env->cmod, img, 0, NULL, NULL));
-        CU_TRY(sci_cuModuleGetFunction(&env->cf, env->cmod, "empty4"));
+        raw_driver_load();
+        env->cu_ctx = raw_driver_primary_context(0);
+        env->cs = raw_driver_stream(s->s);
+        CU_TRY(rd.cuCtxSetCurrent(env->cu_ctx));
+        CU_TRY(rd.cuModuleLoadDataEx(&env->cmod, img, 0, NULL, NULL));
+        CU_TRY(rd.cuModuleGetFunction(&env->cf, env->cmod, "empty4"));
         for (int i = 0; i < 4; i++) {
             uint64_t p = 0;
             SC_TRY(sc_buffer_device_ptr(s->buf[i], &p));
@@ -305,7 +332,7 @@ static double launch_batch(launch_env *e, int variant, uint64_t launches)
     sc_stream s = variant == L_UNTRACKED ? e->u.s : e->t.s;
     SC_TRY(sc_stream_synchronize(s));
     if (variant == L_RAW)
-        CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
+        CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
     uint64_t total = 0, i = 0;
     while (i < launches) {
         uint64_t n = launches - i < CHUNK ? launches - i : CHUNK;
@@ -313,7 +340,7 @@ static double launch_batch(launch_env *e, int variant, uint64_t launches)
         switch (variant) {
         case L_RAW:
             for (uint64_t j = 0; j < n; j++)
-                CU_TRY(sci_cuLaunchKernel(e->cf, e->cfg.grid.x, 1, 1, e->cfg.block.x, 1, 1, 0,
+                CU_TRY(rd.cuLaunchKernel(e->cf, e->cfg.grid.x, 1, 1, e->cfg.block.x, 1, 1, 0,
                                           e->cs, e->params, NULL));
             break;
         case L_TRACKED:
@@ -353,10 +380,11 @@ static void bench_launches(uint64_t launches, int batches, double med[L_COUNT])
     for (int v = 0; v < L_COUNT; v++)
         med[v] = bench_median(ns[v], (size_t)batches);
 
-    CU_TRY(sci_cuCtxSetCurrent(e.cu_ctx));
-    CU_TRY(sci_cuModuleUnload(e.cmod));
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
+    CU_TRY(rd.cuModuleUnload(e.cmod));
     side_destroy(&e.t);
     side_destroy(&e.u);
+    raw_driver_release_context(0);
 }
 
 /* ---- (c) program creation --------------------------------------------------------------- */
@@ -380,11 +408,7 @@ static double create_ms(sc_context ctx, const sc_program_desc *d, sc_program_pro
 
 static void bench_create(sc_context ctx, int runs, create_result *r)
 {
-    const char *src = sci_builtin_find("util/elementwise.cu");
-    if (!src) {
-        printf("FAILED: the built-in util/elementwise.cu is not embedded\n");
-        exit(1);
-    }
+    const char *src = elementwise_source();
     double *ms = bench_xmalloc((size_t)runs * sizeof *ms);
     double *rep = bench_xmalloc((size_t)runs * sizeof *rep);
     sc_program_props props;

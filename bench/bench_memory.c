@@ -7,7 +7,8 @@
  * (c) the peer: bench/peers/torch_copy.py measures the same copies with PyTorch in the same
  *     run (same sizes, batches, repetitions and rotation);
  * (d) sc_buffer_create + sc_buffer_destroy of 1 MiB against cuMemAllocFromPoolAsync +
- *     cuMemFreeAsync on the same pool and stream.
+ *     cuMemFreeAsync on the same stream, from a pool made as the context's is (device
+ *     memory of the device, freed memory kept: release threshold UINT64_MAX).
  *
  * Method: each sample is `inner` back-to-back copies between two events (or, for pageable
  * copies, between two host clock reads around the copies and a stream synchronize); the
@@ -15,9 +16,8 @@
  * arenas so no copy finds its data in the 50 MB L2. Inputs hold random bytes. The safecuda
  * and raw samples alternate so drift (clocks, temperature) hits both alike. */
 #include "bench_common.h"
-#include "core/context.h"
-#include "memory/buffer.h"
-#include "stream/stream.h"
+#include "raw_driver.h"
+#include "safecuda/interop.h"
 
 #define KIB (1ull << 10)
 #define MIB (1ull << 20)
@@ -118,19 +118,19 @@ static void issue_raw(env *e, int kind, uint64_t off, uint64_t s, unsigned char 
 {
     switch (kind) {
     case K_H2D_PINNED:
-        CU_TRY(sci_cuMemcpyHtoDAsync(e->d_dst_ptr + off, h_src + off, s, e->cu_st));
+        CU_TRY(rd.cuMemcpyHtoDAsync(e->d_dst_ptr + off, h_src + off, s, e->cu_st));
         break;
     case K_D2H_PINNED:
-        CU_TRY(sci_cuMemcpyDtoHAsync(h_dst + off, e->d_src_ptr + off, s, e->cu_st));
+        CU_TRY(rd.cuMemcpyDtoHAsync(h_dst + off, e->d_src_ptr + off, s, e->cu_st));
         break;
     case K_D2D:
-        CU_TRY(sci_cuMemcpyDtoDAsync(e->d_dst_ptr + off, e->d_src_ptr + off, s, e->cu_st));
+        CU_TRY(rd.cuMemcpyDtoDAsync(e->d_dst_ptr + off, e->d_src_ptr + off, s, e->cu_st));
         break;
     case K_H2D_PAGEABLE:
-        CU_TRY(sci_cuMemcpyHtoDAsync(e->d_dst_ptr + off, e->p_src + off, s, e->cu_st));
+        CU_TRY(rd.cuMemcpyHtoDAsync(e->d_dst_ptr + off, e->p_src + off, s, e->cu_st));
         break;
     case K_D2H_PAGEABLE:
-        CU_TRY(sci_cuMemcpyDtoHAsync(e->p_dst + off, e->d_src_ptr + off, s, e->cu_st));
+        CU_TRY(rd.cuMemcpyDtoHAsync(e->p_dst + off, e->d_src_ptr + off, s, e->cu_st));
         break;
     }
 }
@@ -165,21 +165,21 @@ static double sample_raw(env *e, int kind, const plan *p)
     uint64_t nb = 0;
     SC_TRY(sc_host_buffer_ptr(e->h_src, &hs, &nb));
     SC_TRY(sc_host_buffer_ptr(e->h_dst, &hd, &nb));
-    CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
+    CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
     if (is_pageable(kind)) {
         uint64_t t0 = bench_now_ns();
         for (int j = 0; j < p->inner; j++)
             issue_raw(e, kind, next_offset(e, p->bytes), p->bytes, hs, hd);
-        CU_TRY(sci_cuStreamSynchronize(e->cu_st));
+        CU_TRY(rd.cuStreamSynchronize(e->cu_st));
         return (double)(bench_now_ns() - t0) * 1e-9;
     }
-    CU_TRY(sci_cuEventRecord(e->cev0, e->cu_st));
+    CU_TRY(rd.cuEventRecord(e->cev0, e->cu_st));
     for (int j = 0; j < p->inner; j++)
         issue_raw(e, kind, next_offset(e, p->bytes), p->bytes, hs, hd);
-    CU_TRY(sci_cuEventRecord(e->cev1, e->cu_st));
-    CU_TRY(sci_cuEventSynchronize(e->cev1));
+    CU_TRY(rd.cuEventRecord(e->cev1, e->cu_st));
+    CU_TRY(rd.cuEventSynchronize(e->cev1));
     float ms = 0;
-    CU_TRY(sci_cuEventElapsedTime(&ms, e->cev0, e->cev1));
+    CU_TRY(rd.cuEventElapsedTime(&ms, e->cev0, e->cev1));
     return (double)ms * 1e-3;
 }
 
@@ -279,18 +279,18 @@ static double pairs_sc(sc_context ctx, sc_stream def, int pairs)
 
 static double pairs_raw(CUcontext cu_ctx, CUmemoryPool pool, CUstream cs, int pairs)
 {
-    CU_TRY(sci_cuCtxSetCurrent(cu_ctx));
+    CU_TRY(rd.cuCtxSetCurrent(cu_ctx));
     uint64_t total = 0;
     for (int done = 0; done < pairs;) {
         int n = pairs - done < PAIR_CHUNK ? pairs - done : PAIR_CHUNK;
         uint64_t t0 = bench_now_ns();
         for (int i = 0; i < n; i++) {
             CUdeviceptr p = 0;
-            CU_TRY(sci_cuMemAllocFromPoolAsync(&p, MIB, pool, cs));
-            CU_TRY(sci_cuMemFreeAsync(p, cs));
+            CU_TRY(rd.cuMemAllocFromPoolAsync(&p, MIB, pool, cs));
+            CU_TRY(rd.cuMemFreeAsync(p, cs));
         }
         total += bench_now_ns() - t0;
-        CU_TRY(sci_cuStreamSynchronize(cs));
+        CU_TRY(rd.cuStreamSynchronize(cs));
         done += n;
     }
     return (double)total / pairs;
@@ -402,27 +402,32 @@ int main(int argc, char **argv)
         e.d_dst_ptr = (CUdeviceptr)b;
     }
 
-    sci_context *c = NULL;
-    sci_stream *s = NULL, *sdef = NULL;
-    SC_TRY(sci_context_acquire(e.ctx, "bench", &c));
-    SC_TRY(sci_stream_resolve(e.st, c, "bench", &s));
-    SC_TRY(sci_stream_resolve(SC_DEFAULT_STREAM, c, "bench", &sdef));
-    e.cu_ctx = c->cu;
-    e.cu_st = s->cu;
-    CUstream cu_def = sdef->cu;
-    pthread_mutex_lock(&c->lock);
-    CUmemoryPool pool = c->pool;
-    pthread_mutex_unlock(&c->lock);
-    sci_stream_release(sdef);
-    sci_stream_release(s);
-    sci_context_release(c);
-    if (!pool) {
-        printf("FAILED: the context has no memory pool after allocating buffers\n");
-        return 1;
+    /* The raw side: the primary context (sc_context's), the streams' CUstreams
+     * (sc_stream_cu_handle) and a pool made as the context's is. */
+    raw_driver_load();
+    e.cu_ctx = raw_driver_primary_context(0);
+    e.cu_st = raw_driver_stream(e.st);
+    CUstream cu_def;
+    {
+        sc_stream def;
+        SC_TRY(sc_context_default_stream(e.ctx, &def));
+        cu_def = raw_driver_stream(def);
     }
-    CU_TRY(sci_cuCtxSetCurrent(e.cu_ctx));
-    CU_TRY(sci_cuEventCreate(&e.cev0, CU_EVENT_DEFAULT));
-    CU_TRY(sci_cuEventCreate(&e.cev1, CU_EVENT_DEFAULT));
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
+    CUmemoryPool pool = NULL;
+    {
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = 0;
+        CU_TRY(rd.cuMemPoolCreate(&pool, &pp));
+        uint64_t keep = UINT64_MAX;
+        CU_TRY(rd.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+    }
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
+    CU_TRY(rd.cuEventCreate(&e.cev0, CU_EVENT_DEFAULT));
+    CU_TRY(rd.cuEventCreate(&e.cev1, CU_EVENT_DEFAULT));
     printf("setup (4 x %" PRIu64 " MiB arenas, random data) took %.1f s\n", arena >> 20,
            (double)(bench_now_ns() - t_setup) * 1e-9);
 
@@ -440,7 +445,7 @@ int main(int argc, char **argv)
     printf("copies took %.1f s\n", (double)(bench_now_ns() - t_copies) * 1e-9);
 
     /* (d) buffer create + destroy, 1 MiB SC_U8 on the default stream, against the raw pool
-     * calls on the same pool and stream; batches alternate. */
+     * calls on the same stream (the pool made above); batches alternate. */
     sc_stream def;
     SC_TRY(sc_context_default_stream(e.ctx, &def));
     int pairs = opt.quick ? 10000 : 100000, batches = opt.quick ? 3 : 7;
@@ -486,9 +491,11 @@ int main(int argc, char **argv)
     }
 
     /* Teardown before the summary, so a failure there is visible above it. */
-    CU_TRY(sci_cuCtxSetCurrent(e.cu_ctx));
-    CU_TRY(sci_cuEventDestroy(e.cev0));
-    CU_TRY(sci_cuEventDestroy(e.cev1));
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
+    CU_TRY(rd.cuEventDestroy(e.cev0));
+    CU_TRY(rd.cuEventDestroy(e.cev1));
+    CU_TRY(rd.cuStreamSynchronize(cu_def));
+    CU_TRY(rd.cuMemPoolDestroy(pool));
     SC_TRY(sc_event_destroy(e.ev0));
     SC_TRY(sc_event_destroy(e.ev1));
     SC_TRY(sc_buffer_destroy(e.d_src));
@@ -497,6 +504,7 @@ int main(int argc, char **argv)
     SC_TRY(sc_host_buffer_destroy(e.h_dst));
     SC_TRY(sc_stream_destroy(e.st));
     SC_TRY(sc_context_destroy(e.ctx));
+    raw_driver_release_context(0);
     free(e.p_src);
     free(e.p_dst);
 

@@ -184,6 +184,7 @@
 
 #include "bench_moe.h"
 #include "npy.h"
+#include "peer.h"
 
 #define WARMUP 3               /* warm-up: at least this many forwards ... */
 #define WARMUP_NS 100000000ull /* ... and at least 0.1 s of them */
@@ -269,18 +270,6 @@ typedef struct x_files {
     char *path[MAX_X];
 } x_files;
 static x_files xin[MAX_TOKEN_COUNTS];
-
-typedef struct peer_result {
-    bool ok;               /* at least one row came back */
-    double matmul_tflops;  /* NAN when missing */
-    double f8_tflops;      /* --fp8: e4m3 8192^3 _scaled_mm, use_fast_accum=False; NAN ... */
-    double f8_fast_tflops; /* ... and with use_fast_accum=True */
-    double copy_tbs;
-    char info[256];        /* the first "# ..." line */
-    char f8_info[256];     /* --fp8: the first "# fp8..." line (how its fp8 layers scale) */
-    char reason[256];      /* why it is unavailable or incomplete */
-    size_t rows;
-} peer_result;
 
 static point results[MAX_CONFIGS][MAX_TOKEN_COUNTS];
 
@@ -1165,12 +1154,24 @@ static void peer_spec(const moe_config *c, char *specs, size_t size)
         append(specs, size, ":sgate=1");
 }
 
-static void run_peer(const args *a, peer_result *p)
+/* A peer point of one of the layers and token counts run. */
+static bool peer_point(void *user, const char *config, uint64_t T, double loop_ms,
+                       double grouped_ms)
 {
-    memset(p, 0, sizeof *p);
-    p->matmul_tflops = NAN;
-    p->f8_tflops = p->f8_fast_tflops = NAN;
-    p->copy_tbs = NAN;
+    const args *a = user;
+    size_t ci = 0;
+    while (ci < n_configs && strcmp(configs[ci].name, config) != 0)
+        ci++;
+    size_t ti = token_index(a, T);
+    if (ci == n_configs || ti == SIZE_MAX)
+        return false;
+    results[ci][ti].loop_ms = loop_ms;
+    results[ci][ti].grouped_ms = grouped_ms;
+    return true;
+}
+
+static void run_peer(const args *a, bench_moe_peer *p)
+{
     char specs[2048] = "", tokens[512] = "";
     for (size_t i = 0; i < n_configs; i++)
         if (a->on[i] && !configs[i].fp8) /* --fp8: the peer makes the twins itself */
@@ -1190,56 +1191,7 @@ static void run_peer(const args *a, peer_result *p)
     append(peer_args, sizeof peer_args, " --budget %d%s%s", budget, a->o.quick ? " --quick" : "",
            a->fp8 ? " --fp8" : "");
     const int limit = budget + 90; /* torch's start, the weights, the last point */
-    const uint64_t t0 = bench_now_ns();
-    FILE *f = bench_peer_open(PEER_SCRIPT, peer_args, limit, p->reason, sizeof p->reason);
-    if (!f)
-        return;
-    printf("peer: running %s (up to %d s)\n", PEER_SCRIPT, limit);
-    char line[2048];
-    while (fgets(line, sizeof line, f)) {
-        bench_chomp(line);
-        char w1[64], w2[64], w3[64], w4[64];
-        int got = sscanf(line, "peer %63s %63s %63s %63s", w1, w2, w3, w4);
-        if (got == 2 && strcmp(w1, "matmul_tflops") == 0) {
-            p->matmul_tflops = strtod(w2, NULL);
-            p->rows++;
-        } else if (got == 2 && strcmp(w1, "matmul_f8_tflops") == 0) {
-            p->f8_tflops = strtod(w2, NULL);
-            p->rows++;
-        } else if (got == 2 && strcmp(w1, "matmul_f8_fast_tflops") == 0) {
-            p->f8_fast_tflops = strtod(w2, NULL);
-            p->rows++;
-        } else if (got == 2 && strcmp(w1, "copy_tbs") == 0) {
-            p->copy_tbs = strtod(w2, NULL);
-            p->rows++;
-        } else if (got == 4) {
-            size_t ci = 0;
-            while (ci < n_configs && strcmp(configs[ci].name, w1) != 0)
-                ci++;
-            size_t ti = token_index(a, strtoull(w2, NULL, 10));
-            if (ci < n_configs && ti != SIZE_MAX) {
-                results[ci][ti].loop_ms = strtod(w3, NULL);
-                results[ci][ti].grouped_ms = strtod(w4, NULL);
-                p->rows++;
-            }
-        } else if (line[0] == '#') {
-            const char *text = line + (line[1] == ' ' ? 2 : 1);
-            if (!p->info[0])
-                snprintf(p->info, sizeof p->info, "%.250s", text);
-            if (!p->f8_info[0] && strncmp(text, "fp8", 3) == 0)
-                snprintf(p->f8_info, sizeof p->f8_info, "%.250s", text);
-            printf("  peer %s\n", line);
-        } else if (line[0]) {
-            snprintf(p->reason, sizeof p->reason, "%.250s", line);
-            printf("  peer: %.300s\n", line);
-        }
-        fflush(stdout);
-    }
-    p->ok = p->rows > 0;
-    bench_peer_close(f, p->reason, sizeof p->reason);
-    printf("peer: %s in %.1f s: %zu results%s%s\n", p->ok ? "done" : "unavailable",
-           (double)(bench_now_ns() - t0) * 1e-9, p->rows, p->reason[0] ? "; " : "",
-           p->reason);
+    bench_moe_peer_run(PEER_SCRIPT, peer_args, limit, peer_point, (void *)a, p);
 }
 
 /* ---- random data ------------------------------------------------------------------------- */
@@ -2305,7 +2257,7 @@ static void fp8_cell(const args *a, size_t ci, size_t ti, int r, char *buf, size
 }
 
 static void summary(const args *a, const sc_device_props *props, double read_tbs, double copy_tbs,
-                    const peer_result *peer, const rates *rt, bool tflops_nominal,
+                    const bench_moe_peer *peer, const rates *rt, bool tflops_nominal,
                     bool f8_nominal, const bool *failed, const char *csv, const char *png)
 {
     printf("\n==== bench_moe summary: %s%s\n", props->name, a->o.quick ? " (--quick)" : "");
@@ -2428,7 +2380,7 @@ int main(int argc, char **argv)
     }
 
     /* The peer first, alone on the GPU: nothing of ours is allocated yet. */
-    peer_result peer;
+    bench_moe_peer peer;
     run_peer(&a, &peer);
 
     env e;

@@ -15,8 +15,8 @@
  * so the driver's queue never fills and blocks the host (that would time the GPU instead).
  * The variants take turns batch by batch; the result is the median batch. */
 #include "bench_common.h"
-#include "core/context.h"
-#include "stream/stream.h"
+#include "raw_driver.h"
+#include "safecuda/interop.h"
 
 #define ELEMS 1024 /* 4 KiB of u32 */
 #define CHUNK 128  /* operations between untimed synchronizations */
@@ -58,7 +58,7 @@ static void fill_untracked(env *e, uint64_t i)
 static void fill_raw(env *e, uint64_t i)
 {
     (void)i;
-    CU_TRY(sci_cuMemsetD32Async(e->r_dst, e->value, ELEMS, e->cs[0]));
+    CU_TRY(rd.cuMemsetD32Async(e->r_dst, e->value, ELEMS, e->cs[0]));
 }
 static void copy_tracked(env *e, uint64_t i)
 {
@@ -73,7 +73,7 @@ static void copy_untracked(env *e, uint64_t i)
 static void copy_raw(env *e, uint64_t i)
 {
     (void)i;
-    CU_TRY(sci_cuMemcpyDtoDAsync(e->r_dst, e->r_src, ELEMS * 4, e->cs[0]));
+    CU_TRY(rd.cuMemcpyDtoDAsync(e->r_dst, e->r_src, ELEMS * 4, e->cs[0]));
 }
 
 /* ---- two streams, alternating: operation i runs on stream i % 2 ---- */
@@ -95,9 +95,9 @@ static void fill_unordered_alt(env *e, uint64_t i)
 static void fill_raw_alt(env *e, uint64_t i)
 {
     int cur = (int)(i & 1), prev = cur ^ 1;
-    CU_TRY(sci_cuEventRecord(e->cev[prev], e->cs[prev]));
-    CU_TRY(sci_cuStreamWaitEvent(e->cs[cur], e->cev[prev], 0));
-    CU_TRY(sci_cuMemsetD32Async(e->r_dst, e->value, ELEMS, e->cs[cur]));
+    CU_TRY(rd.cuEventRecord(e->cev[prev], e->cs[prev]));
+    CU_TRY(rd.cuStreamWaitEvent(e->cs[cur], e->cev[prev], 0));
+    CU_TRY(rd.cuMemsetD32Async(e->r_dst, e->value, ELEMS, e->cs[cur]));
 }
 static void copy_tracked_alt(env *e, uint64_t i)
 {
@@ -117,9 +117,9 @@ static void copy_unordered_alt(env *e, uint64_t i)
 static void copy_raw_alt(env *e, uint64_t i)
 {
     int cur = (int)(i & 1), prev = cur ^ 1;
-    CU_TRY(sci_cuEventRecord(e->cev[prev], e->cs[prev]));
-    CU_TRY(sci_cuStreamWaitEvent(e->cs[cur], e->cev[prev], 0));
-    CU_TRY(sci_cuMemcpyDtoDAsync(e->r_dst, e->r_src, ELEMS * 4, e->cs[cur]));
+    CU_TRY(rd.cuEventRecord(e->cev[prev], e->cs[prev]));
+    CU_TRY(rd.cuStreamWaitEvent(e->cs[cur], e->cev[prev], 0));
+    CU_TRY(rd.cuMemcpyDtoDAsync(e->r_dst, e->r_src, ELEMS * 4, e->cs[cur]));
 }
 
 enum {
@@ -172,7 +172,7 @@ static double batch(env *e, const struct variant *var, uint64_t ops)
 {
     sync_all(e);
     if (var->raw)
-        CU_TRY(sci_cuCtxSetCurrent(e->cu_ctx));
+        CU_TRY(rd.cuCtxSetCurrent(e->cu_ctx));
     uint64_t total = 0, i = 0;
     while (i < ops) {
         uint64_t n = ops - i < CHUNK ? ops - i : CHUNK;
@@ -261,19 +261,12 @@ int main(int argc, char **argv)
     e.value = (uint32_t)bench_rand(&vs) | 1u;
     side_create(&e.t, true);
     side_create(&e.u, false);
-    {
-        sci_context *c = NULL;
-        sci_stream *s0 = NULL, *s1 = NULL;
-        SC_TRY(sci_context_acquire(e.u.ctx, "bench", &c));
-        SC_TRY(sci_stream_resolve(e.u.s[0], c, "bench", &s0));
-        SC_TRY(sci_stream_resolve(e.u.s[1], c, "bench", &s1));
-        e.cu_ctx = c->cu;
-        e.cs[0] = s0->cu;
-        e.cs[1] = s1->cu;
-        sci_stream_release(s1);
-        sci_stream_release(s0);
-        sci_context_release(c);
-    }
+    /* The raw side: the primary context (sc_context's) and the untracked context's
+     * CUstreams (sc_stream_cu_handle). */
+    raw_driver_load();
+    e.cu_ctx = raw_driver_primary_context(0);
+    e.cs[0] = raw_driver_stream(e.u.s[0]);
+    e.cs[1] = raw_driver_stream(e.u.s[1]);
     sc_buffer r_src = make_buffer(e.u.ctx, "raw src", 15);
     sc_buffer r_dst = make_buffer(e.u.ctx, "raw dst", 16);
     {
@@ -284,9 +277,9 @@ int main(int argc, char **argv)
         e.r_dst = (CUdeviceptr)b;
     }
     SC_TRY(sc_context_synchronize(e.u.ctx));
-    CU_TRY(sci_cuCtxSetCurrent(e.cu_ctx));
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
     for (int k = 0; k < 2; k++)
-        CU_TRY(sci_cuEventCreate(&e.cev[k], CU_EVENT_DISABLE_TIMING));
+        CU_TRY(rd.cuEventCreate(&e.cev[k], CU_EVENT_DISABLE_TIMING));
 
     /* Warm-up: every variant once, a tenth of a batch. */
     for (int k = 0; k < V_COUNT; k++)
@@ -339,13 +332,14 @@ int main(int argc, char **argv)
         printf("wrote %s\n", csv_path);
     }
 
-    CU_TRY(sci_cuCtxSetCurrent(e.cu_ctx));
+    CU_TRY(rd.cuCtxSetCurrent(e.cu_ctx));
     for (int k = 0; k < 2; k++)
-        CU_TRY(sci_cuEventDestroy(e.cev[k]));
+        CU_TRY(rd.cuEventDestroy(e.cev[k]));
     SC_TRY(sc_buffer_destroy(r_src));
     SC_TRY(sc_buffer_destroy(r_dst));
     side_destroy(&e.t);
     side_destroy(&e.u);
+    raw_driver_release_context(0);
 
     /* The summary: the last lines of the output. */
     double fill_cost = med[V_FILL_T] - med[V_FILL_U];         /* 1 buffer argument */

@@ -17,8 +17,9 @@ Lines starting with "#" are information. Exits non-zero, saying why on stderr, w
 or CUDA is missing.
 """
 import argparse
-import statistics
 import sys
+
+import _harness
 
 
 def main():
@@ -29,19 +30,10 @@ def main():
     args = ap.parse_args()
     n = args.n
 
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
-        print(f"torch unavailable: {exc}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("torch unavailable: torch.cuda.is_available() is False", file=sys.stderr)
-        return 3
-
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    print(f"# torch {torch.__version__} (CUDA {torch.version.cuda}) on "
-          f"{torch.cuda.get_device_name(dev)}", flush=True)
+    torch, dev, status = _harness.open_device()
+    if status:
+        return status
+    print(f"# {_harness.describe(torch, dev)}", flush=True)
 
     stream = torch.cuda.Stream(device=dev)
     gen = torch.Generator(device=dev)
@@ -52,22 +44,10 @@ def main():
         c = torch.empty(n, dtype=torch.float32, device=dev)
     stream.synchronize()
 
-    ev0 = torch.cuda.Event(enable_timing=True)
-    ev1 = torch.cuda.Event(enable_timing=True)
-
-    def run_once(op):
-        """Milliseconds of one op on the stream."""
-        with torch.cuda.stream(stream):
-            ev0.record(stream)
-            op()
-            ev1.record(stream)
-        ev1.synchronize()
-        return ev0.elapsed_time(ev1)
+    timer = _harness.EventTimer(torch, stream)
 
     def measure(op):
-        for _ in range(args.warmup):
-            run_once(op)
-        return statistics.median(run_once(op) for _ in range(args.runs))
+        return timer.median_ms(op, args.runs, args.warmup)
 
     def add():
         torch.add(a, b, out=c)

@@ -23,6 +23,8 @@ import statistics
 import sys
 import time
 
+import _harness
+
 KINDS = ("h2d_pinned", "d2h_pinned", "d2d", "h2d_pageable", "d2h_pageable")
 
 
@@ -44,19 +46,10 @@ def main():
     plan = parse_plan(args.plan)
     kinds = [k for k in args.kinds.split(",") if k]
 
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
-        print(f"torch unavailable: {exc}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("torch unavailable: torch.cuda.is_available() is False", file=sys.stderr)
-        return 3
-
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    print(f"# torch {torch.__version__} (CUDA {torch.version.cuda}) on "
-          f"{torch.cuda.get_device_name(dev)}", flush=True)
+    torch, dev, status = _harness.open_device()
+    if status:
+        return status
+    print(f"# {_harness.describe(torch, dev)}", flush=True)
 
     arena = args.arena
     stream = torch.cuda.Stream(device=dev)
@@ -77,8 +70,7 @@ def main():
     p_dst.copy_(d_dst)  # touches every page of the pageable destination
     torch.cuda.synchronize()
 
-    ev0 = torch.cuda.Event(enable_timing=True)
-    ev1 = torch.cuda.Event(enable_timing=True)
+    timer = _harness.EventTimer(torch, stream)
     rot = [0]
 
     def next_offset(size):
@@ -109,19 +101,18 @@ def main():
     def sample(kind, size, inner):
         """Seconds for `inner` copies of `size` bytes."""
         work = pairs(kind, size, inner)
-        with torch.cuda.stream(stream):
-            if kind.endswith("pageable"):
-                t0 = time.perf_counter_ns()
-                for dst, src in work:
-                    dst.copy_(src, non_blocking=True)
-                stream.synchronize()
-                return (time.perf_counter_ns() - t0) * 1e-9
-            ev0.record(stream)
+
+        def copies():
             for dst, src in work:
                 dst.copy_(src, non_blocking=True)
-            ev1.record(stream)
-        ev1.synchronize()
-        return ev0.elapsed_time(ev1) * 1e-3
+
+        if kind.endswith("pageable"):
+            with torch.cuda.stream(stream):
+                t0 = time.perf_counter_ns()
+                copies()
+                stream.synchronize()
+                return (time.perf_counter_ns() - t0) * 1e-9
+        return timer.ms(copies) * 1e-3
 
     for size, inner, samples, warm in plan:
         for kind in kinds:

@@ -100,6 +100,7 @@ import statistics
 import sys
 import time
 
+import _harness
 import torch_moe_fp8 as fp8
 
 SLOW_RUN_S = 0.5     # a forward slower than this: 3 timed runs, no more warm-up
@@ -427,33 +428,18 @@ def main():
     elif not specs or not tokens:
         ap.error("--specs and --tokens are required without --inputs")
 
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
-        print(f"torch unavailable: {exc}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("torch unavailable: torch.cuda.is_available() is False", file=sys.stderr)
-        return 3
+    torch, dev, status = _harness.open_device()
+    if status:
+        return status
+    import torch.nn.functional as F
 
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
     torch.manual_seed(0x5AFEC0DA)
     has_grouped = hasattr(torch, "_grouped_mm")
-    print(f"# torch {torch.__version__} (CUDA {torch.version.cuda}) on "
-          f"{torch.cuda.get_device_name(dev)}; _grouped_mm "
+    print(f"# {_harness.describe(torch, dev)}; _grouped_mm "
           f"{'available' if has_grouped else 'missing'}", flush=True)
 
-    ev0 = torch.cuda.Event(enable_timing=True)
-    ev1 = torch.cuda.Event(enable_timing=True)
-
-    def event_ms(fn):
-        ev0.record()
-        fn()
-        ev1.record()
-        ev1.synchronize()
-        return ev0.elapsed_time(ev1)
+    timer = _harness.EventTimer(torch)
+    event_ms = timer.ms
 
     # ---- the machine's rates: bf16 matmul and device-to-device copy ----------------------
     with torch.no_grad():
@@ -463,7 +449,7 @@ def main():
         c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
         for _ in range(5):
             torch.mm(a, b, out=c)
-        ms = statistics.median(event_ms(lambda: torch.mm(a, b, out=c)) for _ in range(10))
+        ms = timer.median_ms(lambda: torch.mm(a, b, out=c), 10)
         matmul_rate = 2.0 * n ** 3 / (ms * 1e-3)  # FLOP/s
         print(f"peer matmul_tflops {matmul_rate * 1e-12:.2f}", flush=True)
         del a, b, c
@@ -472,7 +458,7 @@ def main():
         dst = torch.empty_like(src)
         for _ in range(2):
             dst.copy_(src)
-        ms = statistics.median(event_ms(lambda: dst.copy_(src)) for _ in range(10))
+        ms = timer.median_ms(lambda: dst.copy_(src), 10)
         print(f"peer copy_tbs {2.0 * nbytes / (ms * 1e-3) * 1e-12:.4f}", flush=True)
         del src, dst
         torch.cuda.empty_cache()

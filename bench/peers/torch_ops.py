@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 
+import _harness
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -27,19 +29,10 @@ def main():
     ap.add_argument("--chunk", type=int, default=128)
     args = ap.parse_args()
 
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
-        print(f"torch unavailable: {exc}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("torch unavailable: torch.cuda.is_available() is False", file=sys.stderr)
-        return 3
-
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    print(f"# torch {torch.__version__} (CUDA {torch.version.cuda}) on "
-          f"{torch.cuda.get_device_name(dev)}", flush=True)
+    torch, dev, status = _harness.open_device()
+    if status:
+        return status
+    print(f"# {_harness.describe(torch, dev)}", flush=True)
 
     n = args.bytes // 4
     gen = torch.Generator(device=dev)
