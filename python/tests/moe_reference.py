@@ -120,7 +120,11 @@ def _block_scale(torch, amax):
     zero = amax == 0
     one = torch.ones_like(amax)
     scale = torch.where(zero, one, amax / FP8_MAX)
-    inv = torch.where(zero, one, FP8_MAX / torch.where(zero, one, amax))
+    # One correctly rounded division, as the kernels': `FP8_MAX / tensor` would be
+    # tensor.reciprocal() * FP8_MAX in torch (two roundings), one bit off for some amax,
+    # which moves values that are exact e4m3 ties (common in bf16 data) to the other side.
+    inv = torch.where(zero, one, torch.div(torch.full_like(amax, FP8_MAX),
+                                           torch.where(zero, one, amax)))
     return scale, inv
 
 

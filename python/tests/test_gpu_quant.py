@@ -52,7 +52,11 @@ def reference(torch, w, block_rows):
     tiny = (amax > 0) & (amax < 2.0 ** -64)
     pre = torch.where(tiny, torch.full_like(amax, 2.0 ** 64), torch.ones_like(amax))
     scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    inv = torch.where(amax > 0, 448.0 / (amax * pre), torch.ones_like(amax))
+    # 448 / (amax x pre) as one correctly rounded division: `448.0 / tensor` is
+    # tensor.reciprocal() * 448 in torch (two roundings), which differs in the last bit for
+    # some amax and then rounds products that are exact e4m3 ties the other way.
+    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 448.0), amax * pre),
+                      torch.ones_like(amax))
 
     def expand(t):
         t = t.repeat_interleave(block_rows, -2)[..., :rows, :]
