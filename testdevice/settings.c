@@ -33,7 +33,7 @@ static int whole(const char *v, unsigned long long min, unsigned long long max,
 }
 
 /* 90 or 9.0: major 5 .. 12, minor 0 .. 9. */
-static int compute_capability(const char *v, int *cc)
+static int parse_compute_capability(const char *v, int *cc)
 {
     unsigned long long major = 0, minor = 0, n = 0;
     const char *dot = strchr(v, '.');
@@ -84,7 +84,7 @@ int td_read_settings(td_settings *s, char *error, size_t size)
         s->n_devices = v[0] - '0';
     }
     if ((v = setting(name = "SAFECUDA_TESTDEVICE_CC")) &&
-        !compute_capability(v, &s->compute_capability)) {
+        !parse_compute_capability(v, &s->compute_capability)) {
         accepted = "the test device's compute capability, written 90 or 9.0: major 5 .. 12, "
                    "minor 0 .. 9 (default 90)";
         goto bad;

@@ -82,9 +82,10 @@ CUresult td_cuTensorMapEncodeTiled(CUtensorMap *map, int dtype, cuuint32_t rank,
 {
     static const char fn[] = "cuTensorMapEncodeTiled";
     td_lock();
-    CUresult r = need_init(fn);
-    if (r == CUDA_SUCCESS && (!map || (uintptr_t)map % 64))
-        r = bad(CUDA_ERROR_INVALID_VALUE, fn, "map %p not 64-byte aligned", (void *)map);
+    CUresult r;
+    CHECKS(r, need_init(fn),
+           refuse_if(!map || (uintptr_t)map % 64, CUDA_ERROR_INVALID_VALUE, fn,
+                     "map %p not 64-byte aligned", (void *)map));
     if (r == CUDA_SUCCESS)
         r = check(dtype, rank, address, dims, strides, box, element_strides, interleave,
                   swizzle, l2_promotion, oob_fill, fn);

@@ -1,12 +1,14 @@
-/* What the test device's files share: testdevice.c (devices, memory, streams, events,
- * modules, launches), capture.c (stream capture, graphs, executable graphs) and
- * tensor_map.c (cuTensorMapEncodeTiled). Not installed and not an API: every name here has
- * hidden visibility (the library is built with C_VISIBILITY_PRESET hidden; only EXPORT'ed
- * names leave it).
+/* What the test device's files share: testdevice.c (the state, the checks, cuInit, error
+ * names, cuGetProcAddress and the counters for tests), device.c (devices and the primary
+ * context), memory.c (allocations, pools, pinned memory, copies, memsets), stream.c (streams
+ * and events), ptx.c (the PTX reader), module.c (modules, functions, occupancy, launches),
+ * capture.c (stream capture), graph.c (graphs, executable graphs, their update and replay),
+ * tensor_map.c (cuTensorMapEncodeTiled) and settings.c (the SAFECUDA_TESTDEVICE_* variables).
+ * Not installed and not an API: every name here has hidden visibility (the library is built
+ * with C_VISIBILITY_PRESET hidden; only EXPORT'ed names leave it).
  *
  * Locking: one mutex guards all state. Functions marked "lock held" expect the caller to
- * hold it (td_lock / td_unlock); the td_cu* entry points of capture.c and tensor_map.c take it
- * themselves. */
+ * hold it (td_lock / td_unlock); the f_cu* and td_cu* entry points take it themselves. */
 #ifndef SAFECUDA_TESTDEVICE_INTERNAL_H
 #define SAFECUDA_TESTDEVICE_INTERNAL_H
 
@@ -111,14 +113,62 @@ typedef struct launch_attrs {
     int programmatic;
 } launch_attrs;
 
+typedef struct fake_ctx {
+    int magic;
+    long refcount;
+} fake_ctx;
+#define CTX_MAGIC 0x0c7c7c7c
+
+typedef struct fake_pool {
+    int magic;
+    uint64_t used;      /* bytes of live allocations from the pool */
+    uint64_t cached;    /* freed bytes the pool still holds */
+    uint64_t threshold; /* release threshold */
+    uint64_t reserved_high, used_high;
+    int reuse[3];
+} fake_pool;
+#define POOL_MAGIC 0x9001
+
+typedef struct fake_module {
+    int magic;
+    int n_funcs;
+    fake_func **funcs;
+} fake_module;
+#define MODULE_MAGIC 0x30d
+
 /* The direction of a captured copy. */
 enum { COPY_HTOD = 1, COPY_DTOH, COPY_DTOD };
 
 /* ---- testdevice.c's state and checks ------------------------------------------------------ */
 
-extern ptr_set streams, events, funcs;
-extern int accept_launches;
+/* A name the library (or a test) finds with dlsym. */
+#define EXPORT __attribute__((visibility("default")))
+
+/* The settings cuInit read (testdevice.c). */
+extern int initialized, n_devices, compute_capability, accept_launches;
+extern uint64_t total_bytes, host_limit;
 extern long refused_launches;
+
+/* The primary context (device.c uses it; memory.c names it in pointer attributes). */
+extern fake_ctx primary;
+extern long primary_releases_to_zero, reclaimed_allocations;
+extern int reclaim_on_release;
+extern _Thread_local fake_ctx *current;
+
+/* The live objects. allocs: every live device and pinned host allocation (memory.c keeps
+ * it); device_used / host_used: their bytes; live_device / live_host: their counts. */
+extern ptr_set pools, modules, streams, events, funcs;
+extern fake_alloc *allocs;
+extern size_t n_allocs, cap_allocs;
+extern uint64_t device_used, host_used;
+extern long live_device, live_host;
+
+/* Every row of SCI_CU_FUNCS has an implementation f_<name> with exactly the row's signature
+ * (a mismatch is a compile error): testdevice.c (errors, capture's and tensor maps'
+ * forwarders), device.c, memory.c, stream.c, module.c. cuGetProcAddress_v2 hands them out. */
+#define FAKE_PROTO(name, ver, req, params, args) CUresult f_##name params;
+SCI_CU_FUNCS(FAKE_PROTO)
+#undef FAKE_PROTO
 
 void td_lock(void);
 void td_unlock(void);
@@ -126,16 +176,143 @@ void td_unlock(void);
 /* Record a misuse (lock held) and return err. */
 __attribute__((format(printf, 3, 4))) CUresult bad(CUresult err, const char *fn,
                                                    const char *fmt, ...);
+
+/* The checks an entry point starts with, stated in one line (lock held):
+ *
+ *     CHECKS(r, need_ctx(fn), need_stream(s, fn), not_null(p, fn, "out-pointer"));
+ *
+ * sets r to the first of the checks (CUresult expressions, 1 to 8 of them) that fails, or to
+ * CUDA_SUCCESS when all pass. Each check is evaluated only when all before it passed, so a
+ * later one may rely on the earlier ones (a handle checked before it is read, a pointer
+ * before it is followed), and only the first failure is recorded as misuse. */
+#define CHECKS(r, ...) ((void)(TD_EACH_(TD_CHECK_, r, __VA_ARGS__) 0))
+#define TD_CHECK_(r, check) ((r) = (check)) != CUDA_SUCCESS ||
+#define TD_EACH_(m, r, ...)                                                                   \
+    TD_CAT_(TD_EACH_, TD_COUNT_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0))(m, r, __VA_ARGS__)
+#define TD_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, n, ...) n
+#define TD_CAT_(a, b) TD_CAT2_(a, b)
+#define TD_CAT2_(a, b) a##b
+#define TD_EACH_1(m, r, x) m(r, x)
+#define TD_EACH_2(m, r, x, ...) m(r, x) TD_EACH_1(m, r, __VA_ARGS__)
+#define TD_EACH_3(m, r, x, ...) m(r, x) TD_EACH_2(m, r, __VA_ARGS__)
+#define TD_EACH_4(m, r, x, ...) m(r, x) TD_EACH_3(m, r, __VA_ARGS__)
+#define TD_EACH_5(m, r, x, ...) m(r, x) TD_EACH_4(m, r, __VA_ARGS__)
+#define TD_EACH_6(m, r, x, ...) m(r, x) TD_EACH_5(m, r, __VA_ARGS__)
+#define TD_EACH_7(m, r, x, ...) m(r, x) TD_EACH_6(m, r, __VA_ARGS__)
+#define TD_EACH_8(m, r, x, ...) m(r, x) TD_EACH_7(m, r, __VA_ARGS__)
+
+/* The checks (each records a misuse when it fails, except where said): */
+/* cuInit has succeeded. */
 CUresult need_init(const char *fn);
+/* need_init, and a current context that is retained. */
 CUresult need_ctx(const char *fn);
+/* need_init, and device d exists. */
+CUresult device_ok(CUdevice d, const char *fn);
+/* A live stream, or one of the built-in ones (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
 CUresult need_stream(CUstream s, const char *fn);
+/* A live event, pool, module, function. */
 CUresult event_ok(CUevent e, const char *fn);
+CUresult pool_ok(CUmemoryPool p, const char *fn);
+CUresult module_ok(CUmodule m, const char *fn);
+CUresult func_ok(CUfunction f, const char *fn);
+/* p is not NULL: else CUDA_ERROR_INVALID_VALUE, "NULL <what>". */
+CUresult not_null(const void *p, const char *fn, const char *what);
+/* When refused: err, with the message (as bad); else CUDA_SUCCESS. */
+__attribute__((format(printf, 4, 5))) CUresult refuse_if(int refused, CUresult err,
+                                                         const char *fn, const char *fmt, ...);
 /* The live allocation containing address p (device or host), or NULL. */
 fake_alloc *find_alloc(uintptr_t p);
+/* The live allocation that starts at p, or NULL. */
+fake_alloc *find_base(uintptr_t p);
 /* [p, p + n) lies inside one live device allocation (else misuse, described with what). */
 CUresult device_range(CUdeviceptr p, uint64_t n, const char *fn, const char *what);
 /* Fill h rows of w elements of esize bytes, pitch bytes apart, with v. */
 void fill_rows(uintptr_t d, size_t pitch, uint32_t v, size_t esize, size_t w, size_t h);
+
+/* ---- memory.c, used by the other files (lock held) ----------------------------------------- */
+
+/* Drop what each pool caches beyond its release threshold (at a synchronization). */
+void release_to_threshold(void);
+/* The bytes all pools cache. */
+uint64_t cached_total(void);
+/* The end of a stream operation: an error on a capturing stream (cap) invalidates it. */
+CUresult copy_done(CUresult r, struct fake_capture *cap, const char *fn);
+
+/* ---- ptx.c: the PTX reader -------------------------------------------------------------- */
+
+/* The PTX text's kernels (magic, names, parameters, attributes; not yet in funcs); NULL on
+ * a parse error (not PTX, a bad entry name or parameter list), said in log. */
+fake_module *parse_ptx(const char *text, char *log, size_t log_size);
+/* Free m and its functions, removing them from funcs (lock held). */
+void free_module(fake_module *m);
+
+/* ---- graphs (graph.c): what a capture records and a graph holds ------------------------- */
+
+enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_HOST, NODE_EVENT_WAIT };
+
+typedef struct fake_node {
+    int kind;
+    size_t *deps; /* indices of earlier nodes: the list is in a topological order */
+    size_t n_deps;
+    const void *stream; /* the stream it was captured on (for messages only) */
+    union {
+        struct {
+            int dir;
+            uintptr_t dst, src;
+            size_t bytes;
+        } copy;
+        struct {
+            uintptr_t dst;
+            size_t pitch, esize, width, height, span;
+            uint32_t value;
+        } memset;
+        struct {
+            const fake_func *func; /* compared by address and serial, never read if unloaded */
+            uint64_t serial;
+            unsigned grid[3], block[3], shared;
+            unsigned char *params; /* the parameters' bytes, laid out as the PTX declares */
+            size_t params_size;
+            launch_attrs attrs;
+        } kernel;
+        struct {
+            CUhostFn fn;
+            void *user;
+        } host;
+        struct {
+            const fake_event *event;
+            uint64_t serial;
+        } wait;
+    } u;
+} fake_node;
+
+typedef struct node_list {
+    fake_node **items;
+    size_t n, cap;
+} node_list;
+
+typedef struct fake_graph {
+    int magic;
+    node_list nodes;
+} fake_graph;
+#define GRAPH_MAGIC 0x6a4f
+
+typedef struct fake_exec {
+    int magic;
+    node_list nodes;
+} fake_exec;
+#define EXEC_MAGIC 0xe8ec
+
+/* The live graphs and executable graphs (graph.c). */
+extern ptr_set graphs, execs;
+/* Node lists and graphs (graph.c; lock held). list_push: 0 when out of memory. */
+void node_free(fake_node *n);
+int list_push(node_list *l, fake_node *n);
+void graph_free(fake_graph *g);
+
+/* capture.c, for graph.c (lock held): "capture N (mode, begun on stream S by this/another
+ * thread)" into buf; mark capture c invalidated, for the reason why (the first one kept). */
+const char *describe(const struct fake_capture *c, char *buf, size_t size);
+void invalidate(struct fake_capture *c, const char *why);
 
 /* ---- capture.c: hooks the stream operations call (lock held) ------------------------------ */
 
