@@ -13,7 +13,7 @@
 
 #define MAX_OPTIONS 64
 
-static sc_status program_destroy(uint64_t id, const char *fn);
+static sc_status program_destroy(sci_object *obj, const char *fn);
 
 static void describe_program(const sci_object *obj, sc_object_info *info)
 {
@@ -24,12 +24,8 @@ static void describe_program(const sci_object *obj, sc_object_info *info)
     info->bytes = p->out.image_size;
 }
 
-static sc_status destroy_leaked_program(uint64_t id)
-{
-    return program_destroy(id, "sc_context_destroy");
-}
 
-static const sci_kind_ops program_ops = {"program", describe_program, destroy_leaked_program};
+static const sci_kind_ops program_ops = {"program", describe_program, program_destroy};
 
 __attribute__((constructor)) static void register_program_kind(void)
 {
@@ -383,25 +379,19 @@ fail_ctx:
     return s;
 }
 
-static sc_status program_destroy(uint64_t id, const char *fn)
+/* The program's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status program_destroy(sci_object *obj, const char *fn)
 {
-    /* Not for the context's sake (a program does not use it once compiled), but so that
-     * sc_context_destroy, listing its programs, never finds one gone under it. */
-    sci_context *pin = NULL;
-    sc_status s = sci_context_pin(SCI_KIND_PROGRAM, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    sci_object *obj = NULL;
-    s = sci_registry_remove(SCI_KIND_PROGRAM, id, fn, &obj);
-    if (s == SC_OK)
-        program_free((sci_program *)obj);
-    sci_context_unpin(pin);
-    return s;
+    (void)fn;
+    program_free((sci_program *)obj);
+    return SC_OK;
 }
 
 sc_status sc_program_destroy(sc_program program)
 {
-    return program_destroy(program.id, "sc_program_destroy");
+    /* The context's pin is not for its sake (a program does not use it once compiled), but
+     * so that sc_context_destroy, listing its programs, never finds one gone under it. */
+    return sci_object_destroy(SCI_KIND_PROGRAM, program.id, NULL, "sc_program_destroy");
 }
 
 sc_status sci_program_acquire(sc_program h, const char *fn, sci_program **out)

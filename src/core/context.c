@@ -269,6 +269,21 @@ void sci_context_unpin(sci_context *pinned)
         sci_registry_release(&pinned->obj);
 }
 
+sc_status sci_object_destroy(sci_kind kind, uint64_t id, sci_destroy_check_fn check,
+                             const char *fn)
+{
+    sci_context *pin = NULL; /* the context outlives the destroy */
+    sc_status s = sci_context_pin(kind, id, fn, &pin);
+    if (s != SC_OK)
+        return s;
+    if (check)
+        s = check(id, fn);
+    if (s == SC_OK)
+        s = sci_registry_destroy(kind, id, fn);
+    sci_context_unpin(pin);
+    return s;
+}
+
 /* ---- create / destroy ---------------------------------------------------------------------- */
 
 sc_status sc_context_create_at(const sc_context_desc *desc, sc_context *out, const char *file,
@@ -378,7 +393,7 @@ sc_status sc_context_destroy(sc_context h)
         uint64_t *ids;
         size_t n = sci_registry_list(destroy_order[k], c->obj.id, &ids);
         for (size_t i = 0; i < n; i++)
-            sci_release_status(&rl, sci_registry_destroy_by_id(destroy_order[k], ids[i]));
+            sci_release_status(&rl, sci_object_destroy(destroy_order[k], ids[i], NULL, fn));
         free(ids);
     }
     destroying = outer;

@@ -113,6 +113,15 @@ sc_status sci_release_end(sci_release *rl);
 sc_status sci_context_pin(sci_kind kind, uint64_t id, const char *fn, sci_context **pinned);
 void sci_context_unpin(sci_context *pinned);
 
+/* The destroy of an object of every kind but the context (one path): pins its context
+ * (sci_context_pin), runs check(id, fn) when given (a condition of the destroy: a status
+ * other than SC_OK is returned and nothing is destroyed), unpublishes the object and frees
+ * it through its kind's ops->destroy (sci_registry_destroy), then unpins. Returns the first
+ * failure's status (message set), else ops->destroy's. */
+typedef sc_status (*sci_destroy_check_fn)(uint64_t id, const char *fn);
+sc_status sci_object_destroy(sci_kind kind, uint64_t id, sci_destroy_check_fn check,
+                             const char *fn);
+
 /* Functions run by sc_context_destroy after every object is freed and before the primary
  * context is released (e.g. destroying the memory pool); they report their driver calls
  * through rl. Register at load time. */

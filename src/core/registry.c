@@ -336,13 +336,17 @@ bool sci_registry_mark_internal(sci_kind kind, uint64_t id)
     return live;
 }
 
-sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id)
+sc_status sci_registry_destroy(sci_kind kind, uint64_t id, const char *fn)
 {
     registry *r = &registries[kind];
     pthread_mutex_lock(&r->lock);
     const sci_kind_ops *ops = r->ops;
     pthread_mutex_unlock(&r->lock);
-    if (ops && ops->destroy)
-        return ops->destroy(id);
-    return SC_OK;
+    if (!ops || !ops->destroy)
+        return SC_OK;
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_remove(kind, id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    return ops->destroy(obj, fn);
 }

@@ -54,12 +54,15 @@ typedef struct sci_object {
 } sci_object;
 
 /* What a kind tells the registry: its name, how to describe an object in a leak report,
- * and how to destroy a leaked one (by id, through the kind's own destroy path, which
- * returns what the public destroy would). */
+ * and how to free an object that sci_registry_remove has unpublished: the kind's part of
+ * its destroy, which returns what the public destroy would (fn names that destroy). Every
+ * destroy of an object, the public one and sc_context_destroy's of a leaked object alike,
+ * goes through one path: sci_object_destroy (core/context.h), which pins the context,
+ * removes the object and calls destroy. */
 typedef struct sci_kind_ops {
     const char *name;
     void (*describe)(const sci_object *obj, sc_object_info *info);
-    sc_status (*destroy)(uint64_t id);
+    sc_status (*destroy)(sci_object *obj, const char *fn);
 } sci_kind_ops;
 
 void sci_registry_set_ops(sci_kind kind, const sci_kind_ops *ops);
@@ -89,8 +92,10 @@ size_t sci_registry_describe(uint64_t owner, sc_object_info *out, size_t capacit
  * threads read the flag when they list live objects. False if id names no live object. */
 bool sci_registry_mark_internal(sci_kind kind, uint64_t id);
 
-/* Destroy a (leaked) object through its kind's destroy function; its status. */
-sc_status sci_registry_destroy_by_id(sci_kind kind, uint64_t id);
+/* Unpublish the object of `kind` named by id (sci_registry_remove) and free it through its
+ * kind's ops->destroy; its status. SC_OK and nothing done for a kind without ops->destroy.
+ * Without the context's pin: sci_object_destroy is the destroy of the library's objects. */
+sc_status sci_registry_destroy(sci_kind kind, uint64_t id, const char *fn);
 
 /* Number of live objects of a kind (all owners). */
 size_t sci_registry_live_count(sci_kind kind);

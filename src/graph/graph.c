@@ -32,8 +32,8 @@ typedef struct sci_graph_exec {
     char from[96];        /* "the graph captured at app.c:40" */
 } sci_graph_exec;
 
-static sc_status graph_remove(uint64_t id, const char *fn);
-static sc_status exec_remove(uint64_t id, const char *fn);
+static sc_status graph_destroy(sci_object *obj, const char *fn);
+static sc_status exec_destroy(sci_object *obj, const char *fn);
 
 /* ---- what a graph remembers ---------------------------------------------------------------- */
 
@@ -111,11 +111,8 @@ static void describe_exec(const sci_object *obj, sc_object_info *info)
              e->list.n);
 }
 
-static sc_status destroy_leaked_graph(uint64_t id) { return graph_remove(id, "sc_context_destroy"); }
-static sc_status destroy_leaked_exec(uint64_t id) { return exec_remove(id, "sc_context_destroy"); }
-
-static const sci_kind_ops graph_ops = {"graph", describe_graph, destroy_leaked_graph};
-static const sci_kind_ops exec_ops = {"executable graph", describe_exec, destroy_leaked_exec};
+static const sci_kind_ops graph_ops = {"graph", describe_graph, graph_destroy};
+static const sci_kind_ops exec_ops = {"executable graph", describe_exec, exec_destroy};
 
 __attribute__((constructor)) static void register_graph_kinds(void)
 {
@@ -212,12 +209,9 @@ static sc_status graph_acquire(sc_graph h, const char *fn, sci_graph **out)
     return SC_OK;
 }
 
-static sc_status graph_remove(uint64_t id, const char *fn)
+/* The graph's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status graph_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_GRAPH, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_graph *g = (sci_graph *)obj;
     sci_release rl;
     sci_release_begin(&rl, g->ctx, fn);
@@ -230,14 +224,7 @@ static sc_status graph_remove(uint64_t id, const char *fn)
 
 sc_status sc_graph_destroy(sc_graph graph)
 {
-    static const char fn[] = "sc_graph_destroy";
-    sci_context *pin = NULL;
-    sc_status s = sci_context_pin(SCI_KIND_GRAPH, graph.id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = graph_remove(graph.id, fn);
-    sci_context_unpin(pin);
-    return s;
+    return sci_object_destroy(SCI_KIND_GRAPH, graph.id, NULL, "sc_graph_destroy");
 }
 
 sc_status sc_graph_info(sc_graph graph, sc_graph_props *props)
@@ -340,12 +327,9 @@ static sc_status exec_acquire(sc_graph_exec h, const char *fn, sci_graph_exec **
     return SC_OK;
 }
 
-static sc_status exec_remove(uint64_t id, const char *fn)
+/* The executable graph's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status exec_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_GRAPH_EXEC, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_graph_exec *e = (sci_graph_exec *)obj;
     sci_release rl;
     sci_release_begin(&rl, e->ctx, fn);
@@ -360,14 +344,7 @@ static sc_status exec_remove(uint64_t id, const char *fn)
 
 sc_status sc_graph_exec_destroy(sc_graph_exec exec)
 {
-    static const char fn[] = "sc_graph_exec_destroy";
-    sci_context *pin = NULL;
-    sc_status s = sci_context_pin(SCI_KIND_GRAPH_EXEC, exec.id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = exec_remove(exec.id, fn);
-    sci_context_unpin(pin);
-    return s;
+    return sci_object_destroy(SCI_KIND_GRAPH_EXEC, exec.id, NULL, "sc_graph_exec_destroy");
 }
 
 sc_status sc_graph_exec_info(sc_graph_exec exec, sc_graph_props *props)

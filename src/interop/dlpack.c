@@ -273,14 +273,11 @@ static sc_status let_go(sci_export *e, const char *fn)
     return b ? sci_buffer_export_drop(b, fn) : SC_OK;
 }
 
-/* The context is destroyed while the export is held. */
-static sc_status destroy_leaked_export(uint64_t id)
+/* The context is destroyed while the export is held (sci_kind_ops.destroy: the only
+ * destroy of an export through the registry; the consumer's deleter, export_deleter, takes
+ * its own path, as it returns no status and may find the record gone). */
+static sc_status destroy_leaked_export(sci_object *obj, const char *fn)
 {
-    static const char fn[] = "sc_context_destroy";
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_DLPACK_EXPORT, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_export *e = export_of(obj);
     sci_log(SC_LOG_WARN,
             "%s: the DLPack export of elements [%llu, %llu) of buffer '%s' (created at %s:%d), "

@@ -3,6 +3,7 @@
 #ifndef SAFECUDA_LAUNCH_LAUNCH_ATTR_H
 #define SAFECUDA_LAUNCH_LAUNCH_ATTR_H
 
+#include "launch/launch_config.h"
 #include "launch/module.h"
 
 /* What a checked launch asks the driver for beyond grid, block and shared memory. */
@@ -16,14 +17,10 @@ typedef struct sci_launch_plan {
 
 #define SCI_MAX_LAUNCH_ATTRS 3
 
-/* The grid, block and shared memory of d against the device's and the kernel's limits
- * (launch.c); *grid and *block get d's with zero y and z made 1. */
-sc_status sci_launch_check_config(const sci_kernel *k, const sc_launch_desc *d, sc_dim3 *grid,
-                                  sc_dim3 *block, const char *fn);
-
 /* Check d's cluster, non-portable and cooperative fields for a launch of grid x block
- * (already checked by sci_launch_check_config) and fill *plan. May call the driver
- * (occupancy queries, and the kernel's non-portable cluster attribute, set once). */
+ * (already checked by sci_launch_check_config, launch_config.h) and fill *plan. May call
+ * the driver (occupancy queries, and the kernel's non-portable cluster attribute, set
+ * once). */
 sc_status sci_launch_attrs_check(sci_kernel *k, const sc_launch_desc *d, sc_dim3 grid,
                                  sc_dim3 block, const char *fn, sci_launch_plan *plan);
 

@@ -13,8 +13,8 @@
 #include "launch/launch_attr.h"
 #include "launch/module.h"
 
-static sc_status module_destroy(uint64_t id, const char *fn);
-static sc_status kernel_remove(uint64_t id, const char *fn);
+static sc_status module_destroy(sci_object *obj, const char *fn);
+static sc_status kernel_destroy(sci_object *obj, const char *fn);
 
 static void describe_module(const sci_object *obj, sc_object_info *info)
 {
@@ -29,17 +29,8 @@ static void describe_kernel(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "%.90s", k->display);
 }
 
-static sc_status destroy_leaked_module(uint64_t id)
-{
-    return module_destroy(id, "sc_context_destroy");
-}
-static sc_status destroy_leaked_kernel(uint64_t id)
-{
-    return kernel_remove(id, "sc_context_destroy");
-}
-
-static const sci_kind_ops module_ops = {"module", describe_module, destroy_leaked_module};
-static const sci_kind_ops kernel_ops = {"kernel", describe_kernel, destroy_leaked_kernel};
+static const sci_kind_ops module_ops = {"module", describe_module, module_destroy};
+static const sci_kind_ops kernel_ops = {"kernel", describe_kernel, kernel_destroy};
 
 __attribute__((constructor)) static void register_module_kinds(void)
 {
@@ -230,21 +221,17 @@ sc_status sc_module_load_file_at(sc_context ctx, const char *path, sc_module *mo
     return s;
 }
 
-static sc_status kernel_remove(uint64_t id, const char *fn)
+/* The kernel's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status kernel_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_KERNEL, id, fn, &obj);
-    if (s == SC_OK)
-        free(obj);
-    return s;
+    (void)fn;
+    free(obj);
+    return SC_OK;
 }
 
-static sc_status module_remove(uint64_t id, const char *fn)
+/* The module's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status module_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_MODULE, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_module *m = (sci_module *)obj;
     /* The module's kernels go with it. */
     uint64_t *ids = NULL;
@@ -256,7 +243,7 @@ static sc_status module_remove(uint64_t id, const char *fn)
         bool mine = ((sci_kernel *)ko)->module == m;
         sci_registry_release(ko);
         if (mine)
-            kernel_remove(ids[i], fn);
+            sci_registry_destroy(SCI_KIND_KERNEL, ids[i], fn);
     }
     free(ids);
     sci_release rl;
@@ -272,20 +259,9 @@ static sc_status module_remove(uint64_t id, const char *fn)
     return sci_release_end(&rl);
 }
 
-static sc_status module_destroy(uint64_t id, const char *fn)
-{
-    sci_context *pin = NULL; /* the context outlives the destroy */
-    sc_status s = sci_context_pin(SCI_KIND_MODULE, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = module_remove(id, fn);
-    sci_context_unpin(pin);
-    return s;
-}
-
 sc_status sc_module_destroy(sc_module module)
 {
-    return module_destroy(module.id, "sc_module_destroy");
+    return sci_object_destroy(SCI_KIND_MODULE, module.id, NULL, "sc_module_destroy");
 }
 
 sc_status sc_module_kernel_names(sc_module module, const char **names, size_t capacity,

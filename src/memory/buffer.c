@@ -16,12 +16,9 @@ static void describe_buffer(const sci_object *obj, sc_object_info *info)
     info->bytes = b->bytes;
 }
 
-static sc_status destroy_leaked_buffer(uint64_t id)
-{
-    return sci_buffer_destroy(id, "sc_context_destroy");
-}
+static sc_status buffer_destroy(sci_object *obj, const char *fn);
 
-static const sci_kind_ops buffer_ops = {"buffer", describe_buffer, destroy_leaked_buffer};
+static const sci_kind_ops buffer_ops = {"buffer", describe_buffer, buffer_destroy};
 
 __attribute__((constructor)) static void register_buffer_kind(void)
 {
@@ -253,12 +250,9 @@ static sc_status buffer_free(sci_buffer *b, const char *fn)
  * destroys of buffers). */
 static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static sc_status buffer_destroy(uint64_t id, const char *fn)
+/* The buffer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status buffer_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_BUFFER, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_buffer *b = (sci_buffer *)obj;
     /* No export can be added from now on (it needs a reference to the buffer). */
     pthread_mutex_lock(&hold_lock);
@@ -312,13 +306,7 @@ sc_status sci_buffer_check_writable(sc_buffer buffer, const char *fn, const char
 
 sc_status sci_buffer_destroy(uint64_t id, const char *fn)
 {
-    sci_context *pin = NULL; /* the context outlives the destroy */
-    sc_status s = sci_context_pin(SCI_KIND_BUFFER, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = buffer_destroy(id, fn);
-    sci_context_unpin(pin);
-    return s;
+    return sci_object_destroy(SCI_KIND_BUFFER, id, NULL, fn);
 }
 
 sc_status sc_buffer_destroy(sc_buffer buffer)

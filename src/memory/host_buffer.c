@@ -8,7 +8,7 @@
 #include "memory/buffer.h"
 #include "stream/capture.h"
 
-static sc_status host_destroy(uint64_t id, bool try_only, const char *fn);
+static sc_status host_destroy(sci_object *obj, const char *fn);
 
 static void describe_host(const sci_object *obj, sc_object_info *info)
 {
@@ -18,12 +18,7 @@ static void describe_host(const sci_object *obj, sc_object_info *info)
     info->bytes = h->bytes;
 }
 
-static sc_status destroy_leaked_host(uint64_t id)
-{
-    return host_destroy(id, false, "sc_context_destroy");
-}
-
-static const sci_kind_ops host_ops = {"host buffer", describe_host, destroy_leaked_host};
+static const sci_kind_ops host_ops = {"host buffer", describe_host, host_destroy};
 
 __attribute__((constructor)) static void register_host_kind(void)
 {
@@ -115,28 +110,27 @@ static sc_status wait_idle(sci_host_buffer *h, bool try_only, const char *fn)
 
 static void free_pinned(void *ptr) { sci_cuMemFreeHost(ptr); }
 
-static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
+/* sc_host_buffer_try_destroy's condition: no copy that uses the buffer in flight. */
+static sc_status check_idle(uint64_t id, const char *fn)
 {
-    if (try_only) {
-        sci_host_buffer *h = NULL;
-        sc_status s = acquire((sc_host_buffer){id}, fn, &h);
-        if (s != SC_OK)
-            return s;
-        s = wait_idle(h, true, fn);
-        sci_registry_release(&h->obj);
-        if (s == SC_ERR_BUSY)
-            return s;
-    }
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_HOST_BUFFER, id, fn, &obj);
+    sci_host_buffer *h = NULL;
+    sc_status s = acquire((sc_host_buffer){id}, fn, &h);
     if (s != SC_OK)
         return s;
+    s = wait_idle(h, true, fn);
+    sci_registry_release(&h->obj);
+    return s == SC_ERR_BUSY ? s : SC_OK;
+}
+
+/* The host buffer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status host_destroy(sci_object *obj, const char *fn)
+{
     sci_host_buffer *h = (sci_host_buffer *)obj;
     sci_context *c = h->ctx;
     sci_release rl;
     sci_release_begin(&rl, c, fn);
     if (sci_release_live(&rl)) {
-        s = wait_idle(h, false, fn);
+        sc_status s = wait_idle(h, false, fn);
         sci_release_status(&rl, s);
         /* can't wait for its copies: wait for all (not during a capture that forbids it) */
         if (s != SC_OK && sci_release_live(&rl) && !sci_guard_context_busy(c))
@@ -164,25 +158,15 @@ static sc_status host_remove(uint64_t id, bool try_only, const char *fn)
     return sci_release_end(&rl);
 }
 
-static sc_status host_destroy(uint64_t id, bool try_only, const char *fn)
-{
-    sci_context *pin = NULL; /* the context outlives the destroy */
-    sc_status s = sci_context_pin(SCI_KIND_HOST_BUFFER, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = host_remove(id, try_only, fn);
-    sci_context_unpin(pin);
-    return s;
-}
-
 sc_status sc_host_buffer_destroy(sc_host_buffer host)
 {
-    return host_destroy(host.id, false, "sc_host_buffer_destroy");
+    return sci_object_destroy(SCI_KIND_HOST_BUFFER, host.id, NULL, "sc_host_buffer_destroy");
 }
 
 sc_status sc_host_buffer_try_destroy(sc_host_buffer host)
 {
-    return host_destroy(host.id, true, "sc_host_buffer_try_destroy");
+    return sci_object_destroy(SCI_KIND_HOST_BUFFER, host.id, check_idle,
+                              "sc_host_buffer_try_destroy");
 }
 
 static sc_status get_ptr(sc_host_buffer host, void **ptr, uint64_t *bytes, bool try_only,

@@ -14,7 +14,7 @@
 #include "safecuda/moe.h"
 #include "stream/capture.h"
 
-static sc_status moe_destroy(uint64_t id, const char *fn);
+static sc_status moe_destroy(sci_object *obj, const char *fn);
 
 static void describe_moe(const sci_object *obj, sc_object_info *info)
 {
@@ -25,12 +25,7 @@ static void describe_moe(const sci_object *obj, sc_object_info *info)
              (unsigned long long)m->capacity);
 }
 
-static sc_status destroy_leaked_moe(uint64_t id)
-{
-    return moe_destroy(id, "sc_context_destroy");
-}
-
-static const sci_kind_ops moe_ops = {"moe layer", describe_moe, destroy_leaked_moe};
+static const sci_kind_ops moe_ops = {"moe layer", describe_moe, moe_destroy};
 
 __attribute__((constructor)) static void register_moe_kind(void)
 {
@@ -199,14 +194,11 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     return s;
 }
 
-static sc_status moe_destroy(uint64_t id, const char *fn)
+/* The layer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status moe_destroy(sci_object *obj, const char *fn)
 {
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_MOE, id, fn, &obj);
-    if (s != SC_OK)
-        return s;
     sci_moe *m = (sci_moe *)obj;
-    s = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
+    sc_status s = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
     if (m->fault.id) {
         sc_status f = sci_buffer_destroy(m->fault.id, fn);
         if (s == SC_OK)
@@ -219,14 +211,7 @@ static sc_status moe_destroy(uint64_t id, const char *fn)
 
 sc_status sc_moe_destroy(sc_moe layer)
 {
-    static const char fn[] = "sc_moe_destroy";
-    sci_context *pin = NULL; /* the context outlives the destroy (as for a buffer's) */
-    sc_status s = sci_context_pin(SCI_KIND_MOE, layer.id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = moe_destroy(layer.id, fn);
-    sci_context_unpin(pin);
-    return s;
+    return sci_object_destroy(SCI_KIND_MOE, layer.id, NULL, "sc_moe_destroy");
 }
 
 sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)

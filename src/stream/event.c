@@ -5,7 +5,7 @@
 #include "stream/capture.h"
 #include "stream/stream.h"
 
-static sc_status event_destroy(uint64_t id, const char *fn);
+static sc_status event_destroy(sci_object *obj, const char *fn);
 
 static void describe_event(const sci_object *obj, sc_object_info *info)
 {
@@ -13,12 +13,7 @@ static void describe_event(const sci_object *obj, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "%s", e->timing ? "timing" : "no timing");
 }
 
-static sc_status destroy_leaked_event(uint64_t id)
-{
-    return event_destroy(id, "sc_context_destroy");
-}
-
-static const sci_kind_ops event_ops = {"event", describe_event, destroy_leaked_event};
+static const sci_kind_ops event_ops = {"event", describe_event, event_destroy};
 
 __attribute__((constructor)) static void register_event_kind(void)
 {
@@ -78,18 +73,9 @@ sc_status sc_event_create_at(sc_context ctx, const sc_event_desc *desc, sc_event
     return s;
 }
 
-static sc_status event_destroy(uint64_t id, const char *fn)
+/* The event's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status event_destroy(sci_object *obj, const char *fn)
 {
-    sci_context *pin = NULL; /* the context outlives the destroy */
-    sc_status s = sci_context_pin(SCI_KIND_EVENT, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    sci_object *obj = NULL;
-    s = sci_registry_remove(SCI_KIND_EVENT, id, fn, &obj);
-    if (s != SC_OK) {
-        sci_context_unpin(pin);
-        return s;
-    }
     sci_event *e = (sci_event *)obj;
     sci_release rl;
     sci_release_begin(&rl, e->ctx, fn);
@@ -97,12 +83,13 @@ static sc_status event_destroy(uint64_t id, const char *fn)
     /* The driver keeps the event until the waits enqueued on it are done. */
     sci_release_check(&rl, sci_cuEventDestroy(e->cu), "cuEventDestroy failed");
     free(e);
-    s = sci_release_end(&rl);
-    sci_context_unpin(pin);
-    return s;
+    return sci_release_end(&rl);
 }
 
-sc_status sc_event_destroy(sc_event event) { return event_destroy(event.id, "sc_event_destroy"); }
+sc_status sc_event_destroy(sc_event event)
+{
+    return sci_object_destroy(SCI_KIND_EVENT, event.id, NULL, "sc_event_destroy");
+}
 
 sc_status sc_event_record(sc_event event, sc_stream stream)
 {

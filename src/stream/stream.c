@@ -8,7 +8,7 @@
 #include "stream/capture.h"
 #include "stream/stream.h"
 
-static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn);
+static sc_status stream_destroy(sci_object *obj, const char *fn);
 
 static void describe_stream(const sci_object *obj, sc_object_info *info)
 {
@@ -20,12 +20,7 @@ static void describe_stream(const sci_object *obj, sc_object_info *info)
         snprintf(info->detail, sizeof info->detail, "priority %d", s->priority);
 }
 
-static sc_status destroy_leaked_stream(uint64_t id)
-{
-    return stream_destroy(id, true, "sc_context_destroy");
-}
-
-static const sci_kind_ops stream_ops = {"stream", describe_stream, destroy_leaked_stream};
+static const sci_kind_ops stream_ops = {"stream", describe_stream, stream_destroy};
 
 __attribute__((constructor)) static void register_stream_kind(void)
 {
@@ -321,26 +316,28 @@ static void destroy_cu_stream(void *cu)
                 sci_cu_error_name(r));
 }
 
-static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
+/* sc_stream_destroy's condition: a stream of the caller's (sc_context_destroy destroys the
+ * default and service streams). */
+static sc_status check_users(uint64_t id, const char *fn)
 {
-    if (!allow_default) {
-        sci_object *obj = NULL;
-        sc_status s = sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj);
-        if (s != SC_OK)
-            return s;
-        bool is_default = ((sci_stream *)obj)->is_default;
-        bool is_service = ((sci_stream *)obj)->is_service;
-        sci_registry_release(obj);
-        if (is_default)
-            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                            "the default stream can't be destroyed: it goes with its context");
-        if (is_service)
-            return sci_fail(SC_ERR_STALE_HANDLE, fn, "not a stream handle of the caller's");
-    }
     sci_object *obj = NULL;
-    sc_status s = sci_registry_remove(SCI_KIND_STREAM, id, fn, &obj);
+    sc_status s = sci_registry_acquire(SCI_KIND_STREAM, id, fn, &obj);
     if (s != SC_OK)
         return s;
+    bool is_default = ((sci_stream *)obj)->is_default;
+    bool is_service = ((sci_stream *)obj)->is_service;
+    sci_registry_release(obj);
+    if (is_default)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "the default stream can't be destroyed: it goes with its context");
+    if (is_service)
+        return sci_fail(SC_ERR_STALE_HANDLE, fn, "not a stream handle of the caller's");
+    return SC_OK;
+}
+
+/* The stream's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status stream_destroy(sci_object *obj, const char *fn)
+{
     sci_stream *st = (sci_stream *)obj;
     sci_context *c = st->ctx;
     sci_release rl;
@@ -375,20 +372,9 @@ static sc_status stream_remove(uint64_t id, bool allow_default, const char *fn)
     return sci_release_end(&rl);
 }
 
-static sc_status stream_destroy(uint64_t id, bool allow_default, const char *fn)
-{
-    sci_context *pin = NULL; /* the context outlives the destroy */
-    sc_status s = sci_context_pin(SCI_KIND_STREAM, id, fn, &pin);
-    if (s != SC_OK)
-        return s;
-    s = stream_remove(id, allow_default, fn);
-    sci_context_unpin(pin);
-    return s;
-}
-
 sc_status sc_stream_destroy(sc_stream stream)
 {
-    return stream_destroy(stream.id, false, "sc_stream_destroy");
+    return sci_object_destroy(SCI_KIND_STREAM, stream.id, check_users, "sc_stream_destroy");
 }
 
 sc_status sc_stream_synchronize(sc_stream stream)

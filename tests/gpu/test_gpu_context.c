@@ -18,13 +18,11 @@ static void describe_probe(const sci_object *o, sc_object_info *info)
     snprintf(info->detail, sizeof info->detail, "probe");
     info->bytes = 4096;
 }
-static sc_status destroy_probe(uint64_t id)
+static sc_status destroy_probe(sci_object *o, const char *fn)
 {
-    sci_object *o;
-    sc_status s = sci_registry_remove(SCI_KIND_TEST_A, id, "destroy_probe", &o);
-    if (s == SC_OK)
-        free(o);
-    return s;
+    (void)fn;
+    free(o);
+    return SC_OK;
 }
 static const sci_kind_ops probe_ops = {"probe", describe_probe, destroy_probe};
 

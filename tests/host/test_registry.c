@@ -21,15 +21,12 @@ static void describe_thing(const sci_object *obj, sc_object_info *info)
     info->bytes = 16;
 }
 
-static sc_status destroy_thing(uint64_t id)
+static sc_status destroy_thing(sci_object *obj, const char *fn)
 {
-    sci_object *obj;
-    sc_status s = sci_registry_remove(SCI_KIND_TEST_A, id, "destroy_thing", &obj);
-    if (s == SC_OK) {
-        free(obj);
-        atomic_fetch_add(&destroyed, 1);
-    }
-    return s;
+    (void)fn;
+    free(obj);
+    atomic_fetch_add(&destroyed, 1);
+    return SC_OK;
 }
 
 static const sci_kind_ops thing_ops = {"thing", describe_thing, destroy_thing};
@@ -144,11 +141,17 @@ static void test_enumeration(void)
     CHECK(sci_registry_describe(owner, info, 2) == 4); /* count past capacity */
     CHECK(sci_registry_describe(owner, NULL, 0) == 4);
 
-    /* Destroy-by-id goes through the kind's destroy function (the leak path). */
+    /* Destroy-by-id removes the object and frees it through the kind's destroy function
+     * (every destroy's path); a stale id is refused before it, with the caller's name. */
     n = sci_registry_list(SCI_KIND_TEST_A, owner, &list);
     atomic_store(&destroyed, 0);
     for (size_t i = 0; i < n; i++)
-        sci_registry_destroy_by_id(SCI_KIND_TEST_A, list[i]);
+        CHECK_OK(sci_registry_destroy(SCI_KIND_TEST_A, list[i], "destroy_thing"));
+    CHECK(atomic_load(&destroyed) == 4);
+    CHECK_STATUS(sci_registry_destroy(SCI_KIND_TEST_A, list[0], "destroy_thing"),
+                 SC_ERR_STALE_HANDLE);
+    CHECK_MSG("destroy_thing: stale test-a handle: the test-a created at maker.c:40 was "
+              "destroyed");
     free(list);
     CHECK(atomic_load(&destroyed) == 4);
     CHECK(sci_registry_describe(owner, NULL, 0) == 0);
