@@ -20,7 +20,7 @@
  *   [11]     box[0 .. 3], 16 bits each (box[0] in bits 0-15)
  *   [12]     bits 0-15 box[4]; element strides [0 .. 4], 8 bits each, from bit 16
  *   [13..15] 0
- * tests/fake/fake_control.h decodes it (fake_tensor_map_decode). */
+ * tests/testdevice/td_control.h decodes it (fake_tensor_map_decode). */
 #include <stdint.h>
 #include <string.h>
 

@@ -4,7 +4,7 @@
  * the class's constructor (cvt.rn.satfinite: round to nearest even, saturating):
  *   k      out[i] = 2 * in[i]
  *   scale  out[i] = s * in[i] (one single-precision multiply, then the rounding)
- * tests/gpu/test_gpu_fp8.c runs them; tests/fake/test_fake_fp8.c checks NVRTC builds them
+ * tests/gpu/test_gpu_fp8.c runs them; tests/testdevice/test_td_fp8.c checks NVRTC builds them
  * with the lowered names it expects. */
 #ifndef SAFECUDA_TESTS_FP8_KERNEL_H
 #define SAFECUDA_TESTS_FP8_KERNEL_H

@@ -1,7 +1,7 @@
 /* sc_moe_create's checks of the MoE layer's fields (include/safecuda/moe.h): every bad
  * desc is refused with its status and a message naming sc_moe_create and the field, and
- * no layer is made. Shared by tests/gpu/test_gpu_moe_v2.c and tests/fake/
- * test_fake_moe_desc.c: the refusals come before any kernel is loaded, so the test device
+ * no layer is made. Shared by tests/gpu/test_gpu_moe_v2.c and tests/testdevice/
+ * test_td_moe_desc.c: the refusals come before any kernel is loaded, so the test device
  * answers them too. With can_create (a real GPU) the valid descs around them must create:
  * the checks refuse what they should and nothing more. */
 #ifndef SAFECUDA_TEST_MOE_DESC_CHECKS_H

@@ -2,7 +2,7 @@
  * with its status and a message naming sc_tensor_map_encode, the field, its dimension
  * index and the limit, the map left zeroed; and the descs at the limits (box 256, element
  * stride 8, a stride of 2^40 - 16 bytes, a view exactly as long as the array) encoded.
- * Shared by tests/fake/test_fake_tensor_map.c and tests/gpu/test_gpu_tensor_map_nd.c: the
+ * Shared by tests/testdevice/test_td_tensor_map.c and tests/gpu/test_gpu_tensor_map_nd.c: the
  * checks come before the driver, so the test device and a GPU must answer alike (on the
  * GPU, the valid descs are also accepted by the real driver). Needs an sm_90+ device. */
 #ifndef SAFECUDA_TEST_TENSOR_MAP_CHECKS_H

@@ -1,4 +1,4 @@
-/* The realistic program the fault tests run against the fake driver, one public call a
+/* The realistic program the fault tests run against the test device, one public call a
  * step, so a run can stop at its first failing step and clean up what exists.
  *
  * create a context, two streams, three buffers and a pinned host buffer; copy in from
@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "fake_ptx.h"
+#include "td_ptx.h"
 #include "safecuda.h"
 
 enum { FP_N = 1024 };

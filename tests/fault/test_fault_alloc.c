@@ -1,4 +1,4 @@
-/* The allocator under injected out-of-memory errors (fake driver, 64 MiB device).
+/* The allocator under injected out-of-memory errors (test device, 64 MiB device).
  *
  * On CUDA_ERROR_OUT_OF_MEMORY from cuMemAllocFromPoolAsync, sc_buffer_create gives the
  * pool's cached memory back to the device (synchronize, trim) and tries once more:
@@ -9,7 +9,7 @@
 #include "../test.h"
 #include "core/registry.h"
 #include "driver/driver.h"
-#include "fake_control.h"
+#include "td_control.h"
 
 #define MiB (1ull << 20)
 
@@ -119,7 +119,7 @@ int main(void)
     CHECK_OK(sc_context_destroy(ctx));
     char diff[256];
     if (fake_counts_diff(start, fake_counts_now(), diff, sizeof diff)) {
-        fprintf(stderr, "the fake driver still holds: %s\n", diff);
+        fprintf(stderr, "the test device still holds: %s\n", diff);
         test_failures++;
     }
     for (int k = SCI_KIND_CONTEXT; k < SCI_KIND_TEST_A; k++)

@@ -9,7 +9,7 @@
  *   test_fault_regressions tolerated-sticky
  *
  * Each case asserts the documented behaviour (docs/RELIABILITY.md) at the injection point
- * that showed the bug, and that the fake driver holds exactly what it should afterwards.
+ * that showed the bug, and that the test device holds exactly what it should afterwards.
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include <pthread.h>
@@ -18,8 +18,8 @@
 
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 enum { N = 256 };
 static const uint64_t BYTES = N * sizeof(float);
@@ -90,11 +90,11 @@ static void check_fake(fake_counts base, fake_counts more)
     want.refcount += more.refcount;
     char why[512];
     if (fake_counts_diff(want, fake_counts_now(), why, sizeof why)) {
-        fprintf(stderr, "the fake driver holds: %s\n", why);
+        fprintf(stderr, "the test device holds: %s\n", why);
         test_failures++;
     }
     if (fake.misuse_count() != 0) {
-        fprintf(stderr, "the fake driver saw a misuse: %s\n", fake.last_misuse());
+        fprintf(stderr, "the test device saw a misuse: %s\n", fake.last_misuse());
         test_failures++;
     }
 }

@@ -1,4 +1,4 @@
-/* Fault sweep: the realistic program of fault_program.h against the fake driver, with a
+/* Fault sweep: the realistic program of fault_program.h against the test device, with a
  * driver error injected into every driver call it makes, one call per run.
  *
  * A first run with sci_fault_arm("*", 0, 0) counts its driver calls, C. Then for every
@@ -14,7 +14,7 @@
  * accounting honest (sc_context_memory counts the live buffers, plus the memory of a free
  * the driver refused); a sticky one leaves it lost (sc_context_check says so); everything is
  * cleaned up through the public API, every destroy answering SC_OK (on a lost context too);
- * no handle is left in the registry and the fake driver holds nothing more than at the
+ * no handle is left in the registry and the test device holds nothing more than at the
  * start; a fresh context works.
  *
  * A run may complete with the fault absorbed only where the library documents that it
@@ -39,7 +39,7 @@
 #include "../test.h"
 #include "core/registry.h"
 #include "driver/driver.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "fault_program.h"
 
 static long log_messages;
@@ -372,7 +372,7 @@ static void sweep_one(uint64_t n, int ei)
             want.device--; /* a refused free was reclaimed too */
     }
     if (fake_counts_diff(want, got, why, sizeof why))
-        LEAKF("the fake driver holds: %s", why);
+        LEAKF("the test device holds: %s", why);
     if (got.device && got.refcount == 0) {
         /* Device memory a refused free kept: let the primary context's last release
          * reclaim it (as CUDA would), so the next run starts from an empty device. */
@@ -384,7 +384,7 @@ static void sweep_one(uint64_t n, int ei)
             FAILF("could not reclaim the refused frees' device memory");
     }
     if (fake.misuse_count() != 0)
-        FAILF("the fake driver saw a misuse: %s", fake.last_misuse());
+        FAILF("the test device saw a misuse: %s", fake.last_misuse());
 
     /* A fresh context works. */
     fake.set_reclaim_on_release(0);

@@ -6,10 +6,10 @@
  * kind, forged or zero, with sizes, offsets and counts that include 0, SC_WHOLE and values
  * near UINT64_MAX. After every operation:
  *   - the status is a valid sc_status, never SC_ERR_INTERNAL, and never a driver error or
- *     a lost context (the fake driver fails only on real misuse or out of memory);
+ *     a lost context (the test device fails only on real misuse or out of memory);
  *   - a failure left a message that starts with "sc_" (SC_ERR_NOT_READY excepted: it is an
  *     answer, with no message);
- *   - the fake driver saw no misuse: the library never handed it an out-of-range pointer
+ *   - the test device saw no misuse: the library never handed it an out-of-range pointer
  *     or a dead handle (SAFECUDA_TESTDEVICE_ABORT_ON_MISUSE=1 aborts at the driver call);
  *   - the accounting is exact: bytes_in_use, live_buffers and pinned_bytes equal what the
  *     fuzzer knows is alive, and the fake holds exactly one allocation per live buffer.
@@ -26,8 +26,8 @@
 
 #include "core/registry.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 #include "safecuda.h"
 
 #ifndef TESTDEVICE_PATH
@@ -229,7 +229,7 @@ static void check_status(sc_status s)
     FUZZ_ASSERT(s != SC_ERR_INTERNAL, "%s", sc_status_name(s));
     FUZZ_ASSERT(s != SC_ERR_DRIVER && s != SC_ERR_CONTEXT_LOST && s != SC_ERR_NO_DRIVER &&
                     s != SC_ERR_NO_DEVICE,
-                "the fake driver refused a call: %s", sc_status_name(s));
+                "the test device refused a call: %s", sc_status_name(s));
     if (s != SC_OK && s != SC_ERR_NOT_READY) {
         const char *m = sc_last_error();
         FUZZ_ASSERT(m[0] != '\0', "%s without a message", sc_status_name(s));
@@ -830,7 +830,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fake_counts now = fake_counts_now();
     char diff[256];
     FUZZ_ASSERT(fake_counts_diff(baseline, now, diff, sizeof diff) == 0,
-                "after the input the fake driver holds: %s", diff);
+                "after the input the test device holds: %s", diff);
     size_t live = 99;
     FUZZ_ASSERT(sc_context_live_objects(ctx, NULL, 0, &live) == SC_OK && live == 4,
                 "%zu live objects (the module and its 3 kernels expected)", live);

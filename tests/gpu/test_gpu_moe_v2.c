@@ -20,7 +20,7 @@
  *   experts with no token, T = 1.
  * - Routing ids >= E: refused by a checked forward (the message names token, slot and id)
  *   while the other slots are computed, reported once by sc_moe_routing_check.
- * - The checks of sc_moe_create (tests/moe_desc_checks.h, shared with tests/fake/).
+ * - The checks of sc_moe_create (tests/moe_desc_checks.h, shared with tests/testdevice/).
  * Both backends on an sm_90 device. SAFECUDA_UNDER_SANITIZER: a few small cases. */
 #include <math.h>
 

@@ -7,7 +7,7 @@
  * spellings and forms (sm_90a builds the sm_90a MoE kernels, sm_90 refuses them, compute_90
  * writes PTX), -I/-D/-U in their separate and attached forms, options passed on to NVRTC,
  * -o that cannot be written (exit 1, the reason, no partial file), a compile log too long
- * for the error message, a target other than the device's (with the fake driver).
+ * for the error message, a target other than the device's (with the test device).
  * precompile: --help, every bad usage (64), no device and no --arch (2), NVRTC missing (2),
  * the cache off (1); with NVRTC a folder that can't be made (1), the built-in kernels for
  * sm_80 (one line per file, the sm_90a file skipped, the summary), then all from the cache. */

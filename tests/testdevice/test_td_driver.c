@@ -1,4 +1,4 @@
-/* The fake driver itself (no safecuda involved): every SCI_CU_FUNCS name resolves through
+/* The test device itself (no safecuda involved): every SCI_CU_FUNCS name resolves through
  * cuGetProcAddress_v2 and nothing else does, the error tables are complete, host-memory
  * "device" copies move bytes, and every kind of misuse is both refused and counted, so
  * a zero misuse count in the other tests means something.
@@ -8,7 +8,7 @@
 
 #include "../test.h"
 #include "driver/cuda_api.h"
-#include "fake_ptx.h"
+#include "td_ptx.h"
 
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, int *);
 static get_proc_fn get_proc;
@@ -286,5 +286,5 @@ int main(void)
     EXPECT(cu.cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT, 1);
     EXPECT(cu.cuCtxSetCurrent(NULL), CUDA_SUCCESS, 0);
     CHECK(live_device() == 0);
-    return test_result("test_fake_driver");
+    return test_result("test_td_driver");
 }

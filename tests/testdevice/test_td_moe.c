@@ -8,7 +8,7 @@
  * reads them from the PTX) and each tensor map the test device's checks of its geometry
  * (inside one allocation, aligned strides). Then the forward-time checks of the caller's
  * routing and the routing call, and a destroyed weight (the create-time checks are
- * tests/moe_desc_checks.h, run by test_fake_moe_desc).
+ * tests/moe_desc_checks.h, run by test_td_moe_desc).
  *
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: no kernel runs here, so nothing here says
  * anything about the layer's results (tests/gpu/test_gpu_moe*.c compare them with a CPU
@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "../test.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "safecuda/moe.h"
 
 static sc_context ctx;
@@ -350,7 +350,7 @@ int main(void)
         sc_status s = sc_moe_create(ctx, &d, &layer);
         free_weights(&w);
         if (s == SC_ERR_NO_COMPILER) {
-            printf("test_fake_moe: skipped: %s\n", sc_last_error());
+            printf("test_td_moe: skipped: %s\n", sc_last_error());
             sc_context_destroy(ctx);
             return 77;
         }
@@ -366,5 +366,5 @@ int main(void)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
     CHECK_OK(sc_context_destroy(ctx));
     CHECK(fake.live_device_allocations() == 0);
-    return test_result("test_fake_moe");
+    return test_result("test_td_moe");
 }

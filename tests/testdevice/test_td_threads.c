@@ -39,8 +39,8 @@
 #include "../test.h"
 #include "core/registry.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 #include "memory/buffer.h"
 
 #define THREADS 8
@@ -395,7 +395,7 @@ static bool known_object(const sc_object_info *o)
 {
     static const char *const labels[] = {"shared", "pinned", "mine", "doomed", "worker",
                                          "mine-pinned", "add", "tiled", "", "t0", "t1"};
-    if (!o->kind || !o->file || strcmp(o->file, "test_fake_threads.c") != 0 || o->line <= 0)
+    if (!o->kind || !o->file || strcmp(o->file, "test_td_threads.c") != 0 || o->line <= 0)
         return false;
     for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++)
         if (strcmp(o->label, labels[i]) == 0)
@@ -1196,7 +1196,7 @@ int main(void)
 
     char diff[512];
     if (fake_counts_diff(start, fake_counts_now(), diff, sizeof diff)) {
-        fprintf(stderr, "the fake driver still holds objects at the end: %s\n", diff);
+        fprintf(stderr, "the test device still holds objects at the end: %s\n", diff);
         test_failures++;
     }
     for (int k = SCI_KIND_CONTEXT; k < SCI_KIND_TEST_A; k++)
@@ -1206,12 +1206,12 @@ int main(void)
             test_failures++;
         }
     if (fake.misuse_count() != 0) {
-        fprintf(stderr, "the fake driver saw %d misuses; the last: %s\n", fake.misuse_count(),
+        fprintf(stderr, "the test device saw %d misuses; the last: %s\n", fake.misuse_count(),
                 fake.last_misuse());
         test_failures++;
     }
     test_failures += atomic_load(&thread_failures);
 
     remove_dir(cache_dir);
-    return test_result("test_fake_threads");
+    return test_result("test_td_threads");
 }

@@ -18,7 +18,7 @@
 
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "launch/launch_attr.h"
 
 /* plain(u64): no cluster. fixed(u64): __cluster_dims__(2, 1, 1). only(u64):
@@ -500,5 +500,5 @@ int main(void)
     CHECK_OK(sc_buffer_destroy(buf));
     CHECK_OK(sc_module_destroy(m));
     CHECK_OK(sc_context_destroy(ctx));
-    return test_result("test_fake_launch_attr");
+    return test_result("test_td_launch_attr");
 }

@@ -21,7 +21,7 @@
 #include "../gpu/tensor_map_nd_kernels.h"
 #include "../tensor_map_checks.h"
 #include "../test.h"
-#include "fake_control.h"
+#include "td_control.h"
 
 static sc_context ctx;
 
@@ -447,5 +447,5 @@ int main(void)
         fprintf(stderr, "the test device holds objects after the context's destroy: %s\n", diff);
         test_failures++;
     }
-    return test_result("test_fake_tensor_map");
+    return test_result("test_td_tensor_map");
 }

@@ -6,8 +6,8 @@
 #include <stdint.h>
 
 #include "../test.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 int main(void)
 {

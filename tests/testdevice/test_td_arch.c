@@ -1,4 +1,4 @@
-/* What safecuda refuses on a device older than sm_90, against the fake driver reporting
+/* What safecuda refuses on a device older than sm_90, against the test device reporting
  * another compute capability (SAFECUDA_TESTDEVICE_CC, argv[1] says which):
  *   80: tensor maps are SC_ERR_NOT_SUPPORTED; a programmatic launch falls back to a plain
  *       one; the MoE layer's SM90 backend is SC_ERR_NOT_SUPPORTED;
@@ -11,7 +11,7 @@
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_ptx.h"
+#include "td_ptx.h"
 #include "safecuda/moe.h"
 
 static sc_moe_desc moe_desc(sc_buffer r, sc_buffer w13, sc_buffer w2, sc_moe_backend backend)
@@ -128,5 +128,5 @@ int main(int argc, char **argv)
     CHECK_OK(sc_buffer_destroy(w2));
     CHECK_OK(sc_buffer_destroy(a));
     CHECK_OK(sc_context_destroy(ctx));
-    return test_result("test_fake_arch");
+    return test_result("test_td_arch");
 }

@@ -3,8 +3,8 @@
  * n_params is -1; launches skip the argument checks (and still check the configuration
  * and the views). Host bookkeeping only: nothing here says anything about a GPU. */
 #include "../test.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 static int count_lines(const char *needle)
 {
@@ -69,5 +69,5 @@ int main(void)
     CHECK_OK(sc_module_destroy(m));
     CHECK_OK(sc_context_destroy(ctx));
     CHECK(fake.misuse_count() == 0);
-    return test_result("test_fake_old_driver");
+    return test_result("test_td_old_driver");
 }

@@ -13,7 +13,7 @@
  * anything about the results (tests/gpu/test_gpu_quant.c compares them with a CPU
  * reference on a GPU). */
 #include "../test.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "safecuda/interop.h"
 #include "safecuda/quant.h"
 
@@ -319,7 +319,7 @@ int main(int argc, char **argv)
         test_contexts();
         int major = 0, minor = 0;
         if (sc_compiler_version(&major, &minor) != SC_OK) {
-            printf("test_fake_quant: the calls that compile skipped: %s\n", sc_last_error());
+            printf("test_td_quant: the calls that compile skipped: %s\n", sc_last_error());
         } else {
             test_overlaps();
             test_calls();
@@ -327,5 +327,5 @@ int main(int argc, char **argv)
     }
     CHECK_OK(sc_context_destroy(ctx));
     CHECK(fake.misuse_count() == 0);
-    return test_result("test_fake_quant");
+    return test_result("test_td_quant");
 }

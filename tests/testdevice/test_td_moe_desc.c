@@ -16,5 +16,5 @@ int main(void)
     CHECK_OK(sc_context_live_objects(ctx, NULL, 0, &live));
     CHECK(live == 0);
     CHECK_OK(sc_context_destroy(ctx));
-    return test_result("test_fake_moe_desc");
+    return test_result("test_td_moe_desc");
 }

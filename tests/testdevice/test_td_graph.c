@@ -4,8 +4,8 @@
  * checks, ordering of a replay against other streams' work, update, destroys during a
  * capture, leak reports. Nothing here says anything about a GPU. */
 #include "../test.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 static sc_context ctx;
 static sc_module mod;
@@ -93,9 +93,9 @@ static void test_capture_and_replay(void)
         got[i] = 7.0f;
     CHECK_OK(sc_host_buffer_write(out, 0, got, sizeof got));
     CHECK_STATUS(sc_graph_launch(other, e), SC_ERR_STALE_HANDLE);
-    CHECK_MSG("sc_graph_launch: stale buffer handle: the buffer created at test_fake_graph.c:");
-    CHECK_MSG("executable graph instantiated at test_fake_graph.c:");
-    CHECK_MSG("from the graph captured at test_fake_graph.c:");
+    CHECK_MSG("sc_graph_launch: stale buffer handle: the buffer created at test_td_graph.c:");
+    CHECK_MSG("executable graph instantiated at test_td_graph.c:");
+    CHECK_MSG("from the graph captured at test_td_graph.c:");
     CHECK_OK(sc_host_buffer_read(out, 0, got, sizeof got));
     CHECK(got[0] == 7.0f); /* nothing ran */
     sc_graph_exec e2 = {0};
@@ -129,7 +129,7 @@ static void test_refusals(void)
 
     CHECK_OK(sc_stream_begin_capture(s, NULL));
     CHECK_STATUS(sc_stream_begin_capture(s, NULL), SC_ERR_CAPTURE);
-    CHECK_MSG("stream 'refusing' (created at test_fake_graph.c:");
+    CHECK_MSG("stream 'refusing' (created at test_td_graph.c:");
     CHECK_STATUS(sc_copy_from_host(s, sc_view_of(a), h, sizeof h), SC_ERR_CAPTURE);
     CHECK_MSG("sc_copy_from_host: a copy from pageable host memory can't be part of a graph");
     CHECK_STATUS(sc_copy_to_host(other, h, sizeof h, sc_view_of(a)), SC_ERR_CAPTURE);
@@ -353,5 +353,5 @@ int main(void)
     CHECK(fake.misuse_count() == 0);
     if (fake.misuse_count())
         fprintf(stderr, "misuse: %s\n", fake.last_misuse());
-    return test_result("test_fake_graph");
+    return test_result("test_td_graph");
 }

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "../test.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "safecuda/moe.h"
 
 static sc_context ctx;
@@ -303,7 +303,7 @@ int main(void)
         sc_status s = sc_moe_create(ctx, &d, &layer);
         free_weights(&w);
         if (s == SC_ERR_NO_COMPILER) {
-            printf("test_fake_moe_fp8: skipped: %s\n", sc_last_error());
+            printf("test_td_moe_fp8: skipped: %s\n", sc_last_error());
             sc_context_destroy(ctx);
             return 77;
         }
@@ -321,5 +321,5 @@ int main(void)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
     CHECK_OK(sc_context_destroy(ctx));
     CHECK(fake.live_device_allocations() == 0);
-    return test_result("test_fake_moe_fp8");
+    return test_result("test_td_moe_fp8");
 }

@@ -1,4 +1,4 @@
-/* Hand-written PTX for the host tests that run against the fake driver. The fake only
+/* Hand-written PTX for the host tests that run against the test device. The fake only
  * reads the .entry lines, their .param lists, .maxntid and .shared declarations; the text
  * is nevertheless valid PTX (ptxas -arch=sm_90 accepts it), so the same tests could load
  * it on a real GPU. */
@@ -10,7 +10,7 @@
  * tiled(): no parameters, at most 256 threads a block, 1 KiB of static shared memory. */
 static const char fake_test_ptx[] =
     "//\n"
-    "// safecuda host tests: hand-written PTX (the fake driver never runs it)\n"
+    "// safecuda host tests: hand-written PTX (the test device never runs it)\n"
     "//\n"
     ".version 8.0\n"
     ".target sm_90\n"

@@ -14,8 +14,8 @@
 #include "../test.h"
 #include "core/registry.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 static sc_context ctx;
 
@@ -91,7 +91,7 @@ static void test_buffers(void)
     CHECK_OK(sc_buffer_info(b, &props));
     CHECK(props.dtype == SC_F32 && props.count == 1000 && props.bytes == 4000);
     CHECK(strcmp(props.label, "b") == 0);
-    CHECK(strcmp(props.file, "test_fake_bookkeeping.c") == 0);
+    CHECK(strcmp(props.file, "test_td_bookkeeping.c") == 0);
     CHECK(props.context.id == ctx.id);
 
     sc_memory_stats m = memory(ctx);
@@ -589,7 +589,7 @@ static void test_leak_report(void)
             seen_buffer = 1;
             CHECK(strcmp(info[i].label, "forgotten weights") == 0);
             CHECK(info[i].bytes == 600);
-            CHECK(strcmp(info[i].file, "test_fake_bookkeeping.c") == 0 && info[i].line > 0);
+            CHECK(strcmp(info[i].file, "test_td_bookkeeping.c") == 0 && info[i].line > 0);
         }
     CHECK(seen_buffer);
     CHECK_OK(sc_context_live_objects(leaky, NULL, 0, &count));
@@ -602,7 +602,7 @@ static void test_leak_report(void)
     CHECK_MSG("6 objects");
     CHECK(strstr(log_text, "forgotten weights") != NULL);
     CHECK(strstr(log_text, "600 bytes") != NULL);
-    CHECK(strstr(log_text, "test_fake_bookkeeping.c:") != NULL);
+    CHECK(strstr(log_text, "test_td_bookkeeping.c:") != NULL);
     CHECK(strstr(log_text, "side") != NULL && strstr(log_text, "tick") != NULL);
     CHECK(strstr(log_text, "pin") != NULL);
     /* Everything was freed, in the driver too, and the handles are stale. */
@@ -998,7 +998,7 @@ int main(void)
 
     char diff[512];
     if (fake_counts_diff(start, fake_counts_now(), diff, sizeof diff)) {
-        fprintf(stderr, "the fake driver still holds objects at the end: %s\n", diff);
+        fprintf(stderr, "the test device still holds objects at the end: %s\n", diff);
         test_failures++;
     }
     for (int k = SCI_KIND_CONTEXT; k < SCI_KIND_TEST_A; k++)
@@ -1008,9 +1008,9 @@ int main(void)
             test_failures++;
         }
     if (fake.misuse_count() != 0) {
-        fprintf(stderr, "the fake driver saw %d misuses; the last: %s\n", fake.misuse_count(),
+        fprintf(stderr, "the test device saw %d misuses; the last: %s\n", fake.misuse_count(),
                 fake.last_misuse());
         test_failures++;
     }
-    return test_result("test_fake_bookkeeping");
+    return test_result("test_td_bookkeeping");
 }

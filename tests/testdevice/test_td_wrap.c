@@ -7,7 +7,7 @@
  * Nothing here says anything about a GPU. */
 #include "../test.h"
 #include "driver/cuda_api.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "safecuda/interop.h"
 
 static sc_context ctx;
@@ -385,7 +385,7 @@ static void test_leak(void)
     CHECK_STATUS(sc_context_destroy(c2), SC_ERR_LEAKED);
     sc_set_log_callback(NULL, NULL);
     CHECK(strstr(test_log_text, "leaky") && strstr(test_log_text, "wrapped CUstream") &&
-          strstr(test_log_text, "test_fake_wrap.c"));
+          strstr(test_log_text, "test_td_wrap.c"));
     CHECK(fake.live_streams() == streams);
     CHECK_OK(sc_context_synchronize(ctx)); /* the primary context current again */
     CHECK(other.stream_destroy(cu) == CUDA_SUCCESS);
@@ -415,5 +415,5 @@ int main(void)
     CHECK(fake.misuse_count() == 1); /* the destroyed stream's query, above */
     if (fake.misuse_count() != 1)
         fprintf(stderr, "misuse: %s\n", fake.last_misuse());
-    return test_result("test_fake_wrap");
+    return test_result("test_td_wrap");
 }

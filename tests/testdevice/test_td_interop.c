@@ -12,8 +12,8 @@
 
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 #include "safecuda/interop.h"
 
 static sc_context ctx;
@@ -100,7 +100,7 @@ static void test_borrow(void)
     sc_buffer_props props;
     CHECK_OK(sc_buffer_info(b, &props));
     CHECK(props.dtype == SC_F32 && props.count == N && props.bytes == N * 4);
-    CHECK(strcmp(props.label, "foreign") == 0 && strcmp(props.file, "test_fake_interop.c") == 0);
+    CHECK(strcmp(props.label, "foreign") == 0 && strcmp(props.file, "test_td_interop.c") == 0);
     uint64_t dp = 0;
     CHECK_OK(sc_buffer_device_ptr(b, &dp));
     CHECK(dp == p);
@@ -302,7 +302,7 @@ static void test_read_only(void)
     float junk[N] = {0};
     CHECK_FAIL(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(ro), junk, sizeof junk),
                SC_ERR_INVALID_ARGUMENT, "sc_copy_from_host");
-    CHECK_MSG("borrowed buffer 'weights' of 256 f32 (created at test_fake_interop.c:");
+    CHECK_MSG("borrowed buffer 'weights' of 256 f32 (created at test_td_interop.c:");
     CHECK_MSG("is read-only");
     CHECK_FAIL(sc_copy(SC_DEFAULT_STREAM, sc_view_of(ro), sc_view_of(w)),
                SC_ERR_INVALID_ARGUMENT, "sc_copy");
@@ -479,7 +479,7 @@ static void test_borrow_leak(void)
     CHECK(released[7] == 1);
     CHECK(strstr(log_text, "forgotten borrow") != NULL);
     char site[64];
-    snprintf(site, sizeof site, "test_fake_interop.c:%d", borrow_line);
+    snprintf(site, sizeof site, "test_td_interop.c:%d", borrow_line);
     CHECK(strstr(log_text, site) != NULL);
     CHECK(strstr(log_text, "borrowed") != NULL);
     CHECK_FAIL(sc_buffer_destroy(b), SC_ERR_STALE_HANDLE, "sc_buffer_destroy");
@@ -952,7 +952,7 @@ static void test_export_outlives_context(void)
     sc_set_log_callback(NULL, NULL);
     CHECK_MSG("3 objects"); /* kept buffer and the two exports still held */
     char site[64];
-    snprintf(site, sizeof site, "test_fake_interop.c:%d", export_line);
+    snprintf(site, sizeof site, "test_td_interop.c:%d", export_line);
     CHECK(strstr(log_text, site) != NULL);
     CHECK(strstr(log_text, "dlpack export 'kept buffer'") != NULL);
     CHECK(strstr(log_text, "dlpack export 'destroyed buffer'") != NULL);
@@ -1116,5 +1116,5 @@ int main(void)
     if (fake.misuse_count() != misuse0)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
     CHECK(fake.live_device_allocations() == 0);
-    return test_result("test_fake_interop");
+    return test_result("test_td_interop");
 }

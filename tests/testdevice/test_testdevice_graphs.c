@@ -14,8 +14,8 @@
 
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
-#include "fake_ptx.h"
+#include "td_control.h"
+#include "td_ptx.h"
 
 static int accepting, sm80;
 

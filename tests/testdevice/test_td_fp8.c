@@ -15,7 +15,7 @@
 #include "../fp8_kernel.h"
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "safecuda/interop.h"
 
 static sc_context ctx;
@@ -318,12 +318,12 @@ static void test_launch_nvrtc(void)
 {
     int major, minor;
     if (sc_compiler_version(&major, &minor) != SC_OK) {
-        printf("test_fake_fp8: NVRTC not available, its part skipped: %s\n", sc_last_error());
+        printf("test_td_fp8: NVRTC not available, its part skipped: %s\n", sc_last_error());
         return;
     }
     char inc[PATH_MAX], opt[PATH_MAX + 8];
     if (!cuda_include_find("cuda_fp8.h", inc, sizeof inc)) {
-        printf("test_fake_fp8: no cuda_fp8.h found (set CUDA_HOME), the NVRTC part skipped\n");
+        printf("test_td_fp8: no cuda_fp8.h found (set CUDA_HOME), the NVRTC part skipped\n");
         return;
     }
     snprintf(opt, sizeof opt, "-I%s", inc);
@@ -384,7 +384,7 @@ static void test_launch_nvrtc(void)
 int main(void)
 {
     rng_state = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull | 1;
-    printf("test_fake_fp8: seed %llu\n", (unsigned long long)rng_state);
+    printf("test_td_fp8: seed %llu\n", (unsigned long long)rng_state);
     fake_attach();
     fake_counts start = fake_counts_now();
     test_table();
@@ -399,13 +399,13 @@ int main(void)
     CHECK_OK(sc_context_destroy(ctx));
     char diff[512];
     if (fake_counts_diff(start, fake_counts_now(), diff, sizeof diff)) {
-        fprintf(stderr, "the fake driver still holds objects at the end: %s\n", diff);
+        fprintf(stderr, "the test device still holds objects at the end: %s\n", diff);
         test_failures++;
     }
     if (fake.misuse_count() != 0) {
-        fprintf(stderr, "the fake driver saw %d misuses; the last: %s\n", fake.misuse_count(),
+        fprintf(stderr, "the test device saw %d misuses; the last: %s\n", fake.misuse_count(),
                 fake.last_misuse());
         test_failures++;
     }
-    return test_result("test_fake_fp8");
+    return test_result("test_td_fp8");
 }

@@ -24,7 +24,7 @@
 
 #include "../test.h"
 #include "driver/driver.h"
-#include "fake_control.h"
+#include "td_control.h"
 #include "launch/builtin.h"
 #include "safecuda/moe.h"
 
@@ -421,7 +421,7 @@ int main(void)
     test_no_nvrtc();
     int major = 0, minor = 0;
     if (sc_compiler_version(&major, &minor) != SC_OK) {
-        printf("test_fake_precompile: skipped: %s\n", sc_last_error());
+        printf("test_td_precompile: skipped: %s\n", sc_last_error());
         return 77;
     }
     /* The suite turns the cache off for the fake tests: on here, in a folder of our own. */
@@ -440,5 +440,5 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", root);
-    return test_result("test_fake_precompile");
+    return test_result("test_td_precompile");
 }
