@@ -264,6 +264,11 @@ typedef struct args {
     bool fp8;                   /* --fp8: each layer also with fp8 experts */
 } args;
 
+/* --view-align: where a one-allocation layer's tensors start (the first this many bytes in,
+ * each at the next multiple); 16 (CKPT_HEADER_BYTES) as a checkpoint loaded whole gives
+ * them, 256 for views that are all aligned. */
+static uint64_t view_align = CKPT_HEADER_BYTES;
+
 /* --inputs: the x files of each token count (index as in args.tokens), in name order. */
 typedef struct x_files {
     int n;
@@ -389,14 +394,14 @@ static uint64_t tensor_count(const moe_config *c, int i)
 }
 
 /* The layer's tensors, and with c->one_alloc where each lies in its dtype's allocation:
- * in the order of the enum, the first at CKPT_HEADER_BYTES, each at the next 16-byte
- * boundary (an fp8 layer's e4m3 experts in a third allocation). Nothing is allocated. */
+ * in the order of the enum, the first at view_align bytes (CKPT_HEADER_BYTES: 16), each at
+ * the next multiple of it (an fp8 layer's e4m3 experts in a third allocation). Nothing is
+ * allocated. */
 static void weights_layout(const moe_config *c, layer_weights *w)
 {
     memset(w, 0, sizeof *w);
     w->one_alloc = c->one_alloc;
-    uint64_t next[3] = {CKPT_HEADER_BYTES / 2, CKPT_HEADER_BYTES / 4,
-                        CKPT_HEADER_BYTES}; /* bf16, f32, e4m3 */
+    uint64_t next[3] = {view_align / 2, view_align / 4, view_align}; /* bf16, f32, e4m3 */
     bool any[3] = {false, false, false};
     for (int i = 0; i < W_COUNT; i++) {
         tensor *t = &w->t[i];
@@ -406,8 +411,8 @@ static void weights_layout(const moe_config *c, layer_weights *w)
         if (!t->count || !c->one_alloc)
             continue;
         const int d = t->dtype == SC_F32 ? 1 : t->dtype == SC_F8E4M3 ? 2 : 0;
-        const uint64_t per16 = 16 / sc_dtype_size(t->dtype); /* elements in 16 bytes */
-        t->off = (next[d] + per16 - 1) / per16 * per16;
+        const uint64_t per = view_align / sc_dtype_size(t->dtype); /* elements in view_align */
+        t->off = (next[d] + per - 1) / per * per;
         next[d] = t->off + t->count;
         any[d] = true;
     }
@@ -907,7 +912,7 @@ static void usage(const char *prog)
 {
     printf("usage: %s [--out DIR] [--quick] [--configs NAME,...] [--tokens 1,16,64,...] "
            "[--backend auto|mma|sm90] [--inputs DIR | --save-inputs DIR] "
-           "[--baseline FILE [--baseline-label NAME]] [--fp8]\n"
+           "[--baseline FILE [--baseline-label NAME]] [--fp8] [--view-align BYTES]\n"
            "  the fused MoE layer (sc_moe_forward) against its floor, a PyTorch expert loop "
            "and torch._grouped_mm\n"
            "  --out DIR          also write bench_moe.csv and bench_moe.png into DIR\n"
@@ -927,6 +932,9 @@ static void usage(const char *prog)
            "  --fp8              each layer whose H and I are multiples of 128 also with fp8 "
            "experts (e4m3, 128 x 128 block scales; NAME-fp8), on the same tokens and routing, "
            "and the peer's fp8 layers (SM90 backend; not with --inputs or --save-inputs)\n"
+           "  --view-align BYTES the v2 layers' views of one allocation: the first BYTES in, "
+           "each at the next multiple of BYTES (default 16, as a checkpoint loaded whole; "
+           "256: every view aligned)\n"
            "environment: SAFECUDA_BENCH_PYTHON (default python3), SAFECUDA_BENCH_NO_PEER=1 "
            "(skip the torch peer), SAFECUDA_BENCH_PEERS (the peers' folder)\n",
            prog, config_names());
@@ -1037,6 +1045,13 @@ static args parse_args(int argc, char **argv)
             a.baseline_label = v;
         } else if ((v = opt_value(argc, argv, &i, "--baseline"))) {
             a.baseline = v;
+        } else if ((v = opt_value(argc, argv, &i, "--view-align"))) {
+            char *end;
+            errno = 0;
+            const unsigned long long n = strtoull(v, &end, 10);
+            if (errno || *end || n < 16 || n > 4096 || (n & (n - 1)))
+                die_usage("--view-align '%s': a power of two from 16 to 4096 (bytes)", v);
+            view_align = n;
         } else if ((v = opt_value(argc, argv, &i, "--backend"))) {
             if (strcmp(v, "auto") == 0)
                 a.backend = SC_MOE_BACKEND_AUTO;
@@ -1991,9 +2006,12 @@ static bool run_config(env *e, const args *a, size_t ci, const rates *rt)
     weights_layout(c, &w);
     char what[1400];
     describe(c, what, sizeof what);
-    printf("\n== %s: E=%d k=%d H=%d I=%d, %s; weights %.2f GB%s\n", c->name, c->E, c->k,
+    printf("\n== %s: E=%d k=%d H=%d I=%d, %s; weights %.2f GB%s", c->name, c->E, c->k,
            c->H, c->I, what, (double)weights_bytes(&w) * 1e-9,
            w.one_alloc ? ", views of one allocation per dtype" : ", separate buffers");
+    if (w.one_alloc)
+        printf(" at %" PRIu64 "-byte offsets", view_align);
+    printf("\n");
 
     /* The counts that fit in the free memory (the weights included: none exist yet). */
     uint64_t free_b = 0, total_b = 0, maxT = 0;
