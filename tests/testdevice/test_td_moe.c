@@ -18,6 +18,7 @@
 #include "../test.h"
 #include "td_control.h"
 #include "safecuda/moe.h"
+#include "td_moe.h"
 
 static sc_context ctx;
 
@@ -114,40 +115,7 @@ static void free_weights(weights *w)
 
 /* ---- every routing path of a layer ------------------------------------------------------- */
 
-static sc_buffer buf(sc_dtype t, uint64_t n)
-{
-    sc_buffer b;
-    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = t, .count = n, .zero = true}, &b) ==
-            SC_OK);
-    return b;
-}
 
-/* Forwards over T tokens: the layer's routing (with its outputs, then accumulating), the
- * routing alone, then the caller's routing from that (checked), and a routing check. */
-static void exercise(sc_moe layer, const sc_moe_desc *d, uint64_t T, const char *what)
-{
-    const uint64_t H = (uint64_t)d->hidden, k = (uint64_t)d->top_k;
-    sc_buffer x = buf(SC_BF16, T * H), out = buf(SC_BF16, T * H);
-    sc_buffer ids = buf(SC_I32, T * k), wts = buf(SC_F32, T * k);
-    const int before = test_failures;
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.expert_ids = sc_view_of(ids),
-                                                   .expert_weights = sc_view_of(wts)}));
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.accumulate = true}));
-    CHECK_OK(sc_moe_route(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(ids),
-                          sc_view_of(wts)));
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids),
-                                                   .routing_weights = sc_view_of(wts),
-                                                   .check_routing = true, .accumulate = true}));
-    CHECK_OK(sc_moe_routing_check(SC_DEFAULT_STREAM, layer));
-    if (test_failures != before)
-        fprintf(stderr, "  (%s, T = %llu)\n", what, (unsigned long long)T);
-    const sc_buffer all[] = {x, out, ids, wts};
-    for (int i = 0; i < 4; i++)
-        CHECK_OK(sc_buffer_destroy(all[i]));
-}
 
 typedef struct variant {
     const char *name;
@@ -210,7 +178,7 @@ static void test_variants(void)
                 continue;
             }
             for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++)
-                exercise(layer, &d, tokens[t], vr->name);
+                td_moe_exercise(ctx, layer, &d, tokens[t], vr->name);
             uint64_t bytes = 0;
             CHECK_OK(sc_moe_workspace_bytes(layer, &bytes));
             CHECK(bytes > 0);
@@ -240,9 +208,10 @@ static void test_forward_checks(void)
     sc_moe layer;
     REQUIRE(sc_moe_create(ctx, &d, &layer) == SC_OK);
     const uint64_t T = 5, H = 128, k = 4;
-    sc_buffer x = buf(SC_BF16, T * H), out = buf(SC_BF16, T * H);
-    sc_buffer ids = buf(SC_I32, T * k), wts = buf(SC_F32, T * k), f = buf(SC_F32, T * k);
-    sc_buffer small = buf(SC_I32, T * k - 1);
+    sc_buffer x = td_moe_buf(ctx, SC_BF16, T * H), out = td_moe_buf(ctx, SC_BF16, T * H);
+    sc_buffer ids = td_moe_buf(ctx, SC_I32, T * k), wts = td_moe_buf(ctx, SC_F32, T * k);
+    sc_buffer f = td_moe_buf(ctx, SC_F32, T * k);
+    sc_buffer small = td_moe_buf(ctx, SC_I32, T * k - 1);
     const sc_view xv = sc_view_of(x), ov = sc_view_of(out);
     CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids)}),
@@ -288,7 +257,7 @@ static void test_forward_checks(void)
                                   .expert_ids = (sc_view){small, 0, T * k - 1},
                                   .expert_weights = (sc_view){f, 0, T * k}}),
                SC_ERR_OUT_OF_BOUNDS, "opts->expert_ids");
-    sc_buffer two = buf(SC_I32, 2 * T * k);
+    sc_buffer two = td_moe_buf(ctx, SC_I32, 2 * T * k);
     CHECK_OK(sc_copy(SC_DEFAULT_STREAM, (sc_view){two, 0, T * k}, sc_view_of(ids)));
     CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, xv, ov,
                               &(sc_moe_forward_desc){
@@ -318,7 +287,7 @@ static void test_stale_view(void)
     sc_moe_desc d = base_desc(&w);
     sc_moe layer;
     REQUIRE(sc_moe_create(ctx, &d, &layer) == SC_OK);
-    sc_buffer x = buf(SC_BF16, 128), out = buf(SC_BF16, 128);
+    sc_buffer x = td_moe_buf(ctx, SC_BF16, 128), out = td_moe_buf(ctx, SC_BF16, 128);
     CHECK_OK(sc_buffer_destroy(w.f32));
     CHECK_FAIL_SAYS(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out), NULL),
                SC_ERR_STALE_HANDLE, "desc->selection_bias");

@@ -15,16 +15,10 @@
 #include "../test.h"
 #include "td_control.h"
 #include "safecuda/moe.h"
+#include "td_moe.h"
 
 static sc_context ctx;
 
-static sc_buffer buf(sc_dtype t, uint64_t n)
-{
-    sc_buffer b;
-    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = t, .count = n, .zero = true}, &b) ==
-            SC_OK);
-    return b;
-}
 
 /* The weights of an fp8 layer: one e4m3 allocation, one bf16 (router, gate), one f32
  * (scales, biases); each weight a view at an odd multiple of 16 bytes (views) or its own
@@ -56,9 +50,9 @@ static void make_weights(sc_moe_desc *d, weights *w, bool views, bool biases, bo
     const uint64_t p13 = place(&c32, 4, E * 2 * Ib * Hb), p2 = place(&c32, 4, E * Hb * Ib);
     const uint64_t ps13 = place(&c32, 4, 2 * Isb * Hb), ps2 = place(&c32, 4, Hb * Isb);
     const uint64_t pb13 = place(&c32, 4, E * 2 * I), pb2 = place(&c32, 4, E * H);
-    w->f8 = buf(SC_F8E4M3, c8);
-    w->bf = buf(SC_BF16, cb / 2 + 1);
-    w->f32 = buf(SC_F32, c32 / 4 + 1);
+    w->f8 = td_moe_buf(ctx, SC_F8E4M3, c8);
+    w->bf = td_moe_buf(ctx, SC_BF16, cb / 2 + 1);
+    w->f32 = td_moe_buf(ctx, SC_F32, c32 / 4 + 1);
     d->expert_dtype = SC_F8E4M3;
     d->router_view = (sc_view){w->bf, orouter, E * H};
     if (views) {
@@ -67,11 +61,11 @@ static void make_weights(sc_moe_desc *d, weights *w, bool views, bool biases, bo
         d->w13_scale = (sc_view){w->f32, p13, E * 2 * Ib * Hb};
         d->w2_scale = (sc_view){w->f32, p2, E * Hb * Ib};
     } else {
-        w->own[0] = buf(SC_F8E4M3, E * 2 * I * H);
-        w->own[1] = buf(SC_F8E4M3, E * H * I);
+        w->own[0] = td_moe_buf(ctx, SC_F8E4M3, E * 2 * I * H);
+        w->own[1] = td_moe_buf(ctx, SC_F8E4M3, E * H * I);
         /* (a layer of a size fp8 refuses has no whole blocks: one scale stands in) */
-        w->own[2] = buf(SC_F32, Ib && Hb ? E * 2 * Ib * Hb : 1);
-        w->own[3] = buf(SC_F32, Ib && Hb ? E * Hb * Ib : 1);
+        w->own[2] = td_moe_buf(ctx, SC_F32, Ib && Hb ? E * 2 * Ib * Hb : 1);
+        w->own[3] = td_moe_buf(ctx, SC_F32, Ib && Hb ? E * Hb * Ib : 1);
         d->w13 = w->own[0];
         d->w2 = w->own[1];
         d->w13_scale = sc_view_of(w->own[2]);
@@ -99,32 +93,6 @@ static void free_weights(weights *w)
             CHECK_OK(sc_buffer_destroy(all[i]));
 }
 
-/* Forwards over T tokens: the layer's routing (with its outputs, then accumulating), the
- * routing alone, the caller's routing from that (checked), a routing check. */
-static void exercise(sc_moe layer, const sc_moe_desc *d, uint64_t T, const char *what)
-{
-    const uint64_t H = (uint64_t)d->hidden, k = (uint64_t)d->top_k;
-    sc_buffer x = buf(SC_BF16, T * H), out = buf(SC_BF16, T * H);
-    sc_buffer ids = buf(SC_I32, T * k), wts = buf(SC_F32, T * k);
-    const int before = test_failures;
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.expert_ids = sc_view_of(ids),
-                                                   .expert_weights = sc_view_of(wts)}));
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.accumulate = true}));
-    CHECK_OK(sc_moe_route(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(ids),
-                          sc_view_of(wts)));
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(x), sc_view_of(out),
-                            &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids),
-                                                   .routing_weights = sc_view_of(wts),
-                                                   .check_routing = true}));
-    CHECK_OK(sc_moe_routing_check(SC_DEFAULT_STREAM, layer));
-    if (test_failures != before)
-        fprintf(stderr, "  (%s, T = %llu): %s\n", what, (unsigned long long)T, sc_last_error());
-    const sc_buffer all[] = {x, out, ids, wts};
-    for (int i = 0; i < 4; i++)
-        CHECK_OK(sc_buffer_destroy(all[i]));
-}
 
 typedef struct variant {
     const char *name;
@@ -166,7 +134,7 @@ static void test_variants(void)
             continue;
         }
         for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++)
-            exercise(layer, &d, tokens[t], vr->name);
+            td_moe_exercise(ctx, layer, &d, tokens[t], vr->name);
         uint64_t bytes = 0;
         CHECK_OK(sc_moe_workspace_bytes(layer, &bytes));
         CHECK(bytes > 0);
@@ -241,13 +209,13 @@ static void test_refusals(void)
     d = good;
     d.shared_w2_scale.count += 1;
     REFUSED(d, SC_ERR_INVALID_ARGUMENT, "[H/128=2, I_s/128=1]");
-    sc_buffer bf = buf(SC_BF16, 16);
+    sc_buffer bf = td_moe_buf(ctx, SC_BF16, 16);
     d = good;
     d.w2_scale = sc_view_of(bf);
     REFUSED(d, SC_ERR_TYPE_MISMATCH, "desc->w2_scale");
     CHECK_MSG("is bf16; the layer needs f32");
     /* the experts' weights of another dtype */
-    sc_buffer bw13 = buf(SC_BF16, 8 * 2 * 128 * 256);
+    sc_buffer bw13 = td_moe_buf(ctx, SC_BF16, 8 * 2 * 128 * 256);
     d = good;
     d.w13_view = (sc_view){{0}, 0, 0};
     d.w13 = bw13;
@@ -276,7 +244,7 @@ static void test_stale_scale(void)
     make_weights(&d, &w, true, false, false);
     sc_moe layer;
     REQUIRE(sc_moe_create(ctx, &d, &layer) == SC_OK);
-    sc_buffer x = buf(SC_BF16, 256), out = buf(SC_BF16, 256);
+    sc_buffer x = td_moe_buf(ctx, SC_BF16, 256), out = td_moe_buf(ctx, SC_BF16, 256);
     CHECK_OK(sc_buffer_destroy(w.f32));
     w.f32 = (sc_buffer){0};
     sc_clear_error();
