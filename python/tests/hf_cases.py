@@ -20,7 +20,7 @@ FAMILIES = {
     "mixtral": ("mixtral", "MixtralSparseMoeBlock", "MixtralConfig", {}),
     "minimax": ("minimax", "MiniMaxSparseMoeBlock", "MiniMaxConfig", {}),
     "qwen2_moe": ("qwen2_moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeConfig",
-                  dict(shared_expert_intermediate_size=96)),  # padded to 128
+                  dict(shared_expert_intermediate_size=80)),  # padded to 96
     "qwen2_moe_norm": ("qwen2_moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeConfig",
                        dict(norm_topk_prob=True)),
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeSparseMoeBlock", "Qwen3MoeConfig",
