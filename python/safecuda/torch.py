@@ -21,10 +21,8 @@
     torch.ops.safecuda.moe_accumulate(x, layer, out, routing_ids=None,
         routing_weights=None, check_routing=False): out += layer(x), in place (out is
         declared mutated)
-- from_transformers(block) / patch_model(model) / unpatch_model(model): the layer in a
-  Hugging Face transformers model, one block or every supported MoE block of a model in
-  place (TransformersMoE, a MoE called as the block is; moe_spec(block): the mapping alone,
-  no GPU needed; UnsupportedBlockError for a block the layer can't compute).
+- from_transformers(block), patch_model(model), unpatch_model(model), moe_spec(block):
+  the layer in a Hugging Face transformers model (safecuda/_hf.py).
 - as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways (fp8
   too: torch.float8_e4m3fn <-> f8e4m3, torch.float8_e5m2 <-> f8e5m2, carried as uint8
   bits through DLPack, which many torch versions refuse for fp8); torch_dtype(dtype):
@@ -801,9 +799,7 @@ def _close_all():
 
 atexit.register(_close_all)
 
-
-# Hugging Face transformers models (safecuda/_hf.py): one block as a layer, or every MoE
-# block of a model swapped in place. transformers itself is not imported.
+# Hugging Face transformers models (_hf.py; transformers itself is not imported).
 from ._hf import (MoESpec, PatchReport, UnsupportedBlockError, from_transformers,  # noqa: E402
                   layer_class as _hf_layer_class, moe_spec, patch_model, unpatch_model)
 
