@@ -73,7 +73,7 @@ class TensorSpec:
         bytes the block's old tensors held."""
         if self._release is None:
             return 0
-        freed = sum(s.tensor.untyped_storage().nbytes() for s in self.sources)
+        freed = sum(s.tensor.nbytes for s in self.sources)
         with torch.no_grad():
             self._release(made)
         return freed

@@ -401,7 +401,6 @@ def fp8_experts(block, experts):
         raise UnsupportedBlockError(cls, f"fp8 experts of hidden size {H} and expert size "
                                     f"{I_}; the layer's fp8 experts need multiples of "
                                     f"{FP8_BLOCK}")
-    cfg = experts.config
     alpha = getattr(experts, "swiglu_alpha", None)
     limit = getattr(experts, "swiglu_limit", None)
     if alpha is not None:
@@ -412,7 +411,6 @@ def fp8_experts(block, experts):
                                     f"{experts.limit} before a plain GLU")
     else:
         act = dict(activation=require_activation(cls, experts.act_fn, "its fp8 experts"))
-    del cfg
     t = dict(w13=borrow("w13", Source(experts, "gate_up_proj", "experts.gate_up_proj")),
              w2=borrow("w2", Source(experts, "down_proj", "experts.down_proj")))
     B = FP8_BLOCK
