@@ -123,8 +123,8 @@ def test_patched_model_matches_the_original(torch, transformers, sct, name):
                                           f"tokens, the bf16 original on {d_own}")
         # Greedy generation runs on the patched model.
         with torch.no_grad():
-            gen = model.generate(ids[:1, :8], max_new_tokens=32, do_sample=False,
-                                 min_new_tokens=32, disable_compile=True)
+            gen = model.generate(ids[:1, :8], generation_config=greedy(transformers),
+                                 disable_compile=True)
         assert gen.shape == (1, 40)
     finally:
         n = sct.unpatch_model(model)
@@ -133,11 +133,18 @@ def test_patched_model_matches_the_original(torch, transformers, sct, name):
     assert torch.equal(logits(torch, model, ids), own)
 
 
-def _generate(torch, model, ids, **kw):
+def greedy(transformers, **kw):
+    """32 greedy tokens, no end-of-sequence token (random models would stop anywhere)."""
+    return transformers.GenerationConfig(max_new_tokens=32, do_sample=False, eos_token_id=None,
+                                         pad_token_id=0, **kw)
+
+
+def _generate(torch, transformers, model, ids, **kw):
+    """(the 32 new tokens, the raw logits of each step)."""
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                             return_dict_in_generate=True, output_scores=True, **kw)
-    return out.sequences[0, ids.shape[1]:].tolist(), [s[0].float() for s in out.scores]
+        out = model.generate(ids, generation_config=greedy(
+            transformers, return_dict_in_generate=True, output_logits=True), **kw)
+    return out.sequences[0, ids.shape[1]:].tolist(), [s[0].float() for s in out.logits]
 
 
 def _same_tokens(what, base, base_scores, got):
@@ -162,14 +169,14 @@ def test_generate_eager_compiled_and_cuda_graphs(torch, transformers, sct, name)
     sct.patch_model(model, max_tokens=64)
     forward = model.forward
     try:
-        eager, scores = _generate(torch, model, ids, disable_compile=True)
+        eager, scores = _generate(torch, transformers, model, ids, disable_compile=True)
         # CUDA-graph decoding: a static cache makes generate compile the decoding step
         # with mode="reduce-overhead" (CUDA graphs).
-        graphs, _ = _generate(torch, model, ids, cache_implementation="static")
+        graphs, _ = _generate(torch, transformers, model, ids, cache_implementation="static")
         _same_tokens(f"{name} CUDA-graph decoding", eager, scores, graphs)
         # torch.compile of the model's forward (prefill and decoding).
         model.forward = torch.compile(forward)
-        compiled, _ = _generate(torch, model, ids, disable_compile=True)
+        compiled, _ = _generate(torch, transformers, model, ids, disable_compile=True)
         _same_tokens(f"{name} torch.compile", eager, scores, compiled)
     finally:
         if "forward" in model.__dict__:
