@@ -9,8 +9,7 @@ import torch
 
 from ._hf_spec import (FP8_BLOCK, MAX_GROUPS, MAX_SHARED, Source, TensorSpec,
                        UnsupportedBlockError, activation_of, as_f32, as_vector, borrow,
-                       check_limits, constant, padded_cols, require_activation, stacked_rows,
-                       transposed)
+                       padded_cols, require_activation, stacked_rows, transposed)
 
 # ---- routers -----------------------------------------------------------------------------------
 
@@ -447,7 +446,7 @@ REFUSED_EXPERTS = {
                         "are GLUs",
 }
 
-# ---- shared experts -------------------------------------------------------------------------------
+# ---- shared experts ------------------------------------------------------------------------------
 
 _SHARED_GLU = (
     "DeepseekV3MLP", "DeepseekV32MLP", "Dots1MLP", "Glm4MoeMLP", "Glm4MoeLiteMLP",
