@@ -21,6 +21,8 @@
     torch.ops.safecuda.moe_accumulate(x, layer, out, routing_ids=None,
         routing_weights=None, check_routing=False): out += layer(x), in place (out is
         declared mutated)
+- from_transformers(block), patch_model(model), unpatch_model(model), moe_spec(block):
+  the layer in a Hugging Face transformers model (safecuda/_hf.py).
 - as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways (fp8
   too: torch.float8_e4m3fn <-> f8e4m3, torch.float8_e5m2 <-> f8e5m2, carried as uint8
   bits through DLPack, which many torch versions refuse for fp8); torch_dtype(dtype):
@@ -63,8 +65,10 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"safecuda.torch needs torch >= 2.4 (torch.library.custom_op); this is "
                       f"torch {torch.__version__}")
 
-__all__ = ["MoE", "as_buffer", "as_tensor", "moe", "moe_accumulate", "moe_route", "moe_routed",
-           "moe_with_routing", "torch_dtype"]
+__all__ = ["MoE", "MoESpec", "PatchReport", "TransformersMoE", "UnsupportedBlockError",
+           "as_buffer", "as_tensor", "from_transformers", "moe", "moe_accumulate", "moe_route",
+           "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "torch_dtype",
+           "unpatch_model"]
 
 _layers = {}  # layer id -> _Layer
 _layer_ids = itertools.count(1)
@@ -794,3 +798,9 @@ def _close_all():
 
 
 atexit.register(_close_all)
+
+# Hugging Face transformers models (_hf.py; transformers itself is not imported).
+from ._hf import (MoESpec, PatchReport, UnsupportedBlockError, from_transformers,  # noqa: E402
+                  layer_class as _hf_layer_class, moe_spec, patch_model, unpatch_model)
+
+TransformersMoE = _hf_layer_class()

@@ -6,10 +6,12 @@ Qwen3-Next (Qwen3NextSparseMoeBlock) and gpt-oss (GptOssMLP), the script builds 
 transformers block from a config object (never from_pretrained: no network, no
 checkpoint) at moderate sizes but with the models' real structure (expert count, top-k,
 grouped routing, routed scaling, shared expert and its gate, biases, activation), fills it
-with random weights, hands the SAME weights to a safecuda layer through safecuda.torch
-(the bf16 tensors themselves, borrowed without a copy; the only rearrangement is the
-transposes that gpt-oss's input-major layout needs), and compares, for fresh random
-inputs of T = 1, 7, 129 and 1000 tokens:
+with random weights, makes the safecuda layer from a bf16 copy of the block with
+safecuda.torch.from_transformers (its mapping checked against the script's own reading of
+the block, tensor by tensor and option by option; the block's bf16 tensors borrowed
+without a copy, where gpt-oss's input-major layout and the shared expert's separate
+gate/up weights take one), and compares, for fresh random inputs of T = 1, 7, 129 and
+1000 tokens:
 
 - the chosen experts: safecuda's (MoE.route, and the forward's own) against the indices
   the transformers router module itself returned in that forward (read with a forward
@@ -206,6 +208,32 @@ class Loader:
                               f"set (the module grew): {left}")
 
 
+def hf_layer(torch, sct, block, name, expect):
+    """safecuda.torch.from_transformers on a bf16 copy of the float32 block (exact: its
+    values are bf16-representable), its mapping checked against the script's own reading
+    of the block (expect: the layer's weights and options as the script maps them by
+    hand): a LayoutError names the first that differs."""
+    import copy
+    b16 = copy.deepcopy(block).to(torch.bfloat16)
+    layer = sct.from_transformers(b16, max_tokens=1024, label=name)
+    for key, want in expect.items():
+        if isinstance(want, torch.Tensor):
+            got = getattr(layer, key)
+            if got is None or got.numel() != want.numel() or \
+                    not torch.equal(got.float().flatten(), want.float().flatten()):
+                raise LayoutError(f"from_transformers({type(block).__name__}) maps {key} "
+                                  f"otherwise than the script reads the block: "
+                                  f"{layer.spec.tensors.get(key)}")
+        else:
+            got = layer.spec.options.get(key)
+            if key == "routed_scaling":
+                got, want = got or 1.0, float(want) or 1.0
+            if got != want and not (isinstance(want, float) and abs(got - want) < 1e-6):
+                raise LayoutError(f"from_transformers({type(block).__name__}): {key} = "
+                                  f"{got!r}, the script reads {want!r}")
+    return layer
+
+
 def source_has(obj, text):
     try:
         return text in inspect.getsource(obj)
@@ -287,11 +315,11 @@ class DeepSeek(Case):
         ld.set("shared_experts.down_proj.weight", self.sw2)
         ld.check_all()
         self.gate = self.block.gate
-        self.layer = sct.MoE(self.router, self.w13, self.w2, top_k=k, scoring="sigmoid",
-                             renormalize=True, selection_bias=self.bias, n_group=n_group,
-                             topk_group=topk_group, routed_scaling=routed_scaling,
-                             shared_w13=self.sw13, shared_w2=self.sw2, max_tokens=1024,
-                             label=name)
+        self.layer = hf_layer(torch, sct, self.block, name, dict(
+            router_weight=self.router, w13=self.w13, w2=self.w2, top_k=k, scoring="sigmoid",
+            renormalize=True, selection_bias=self.bias, n_group=n_group if n_group > 1 else 0,
+            topk_group=topk_group if n_group > 1 else 0, routed_scaling=routed_scaling,
+            shared_w13=self.sw13, shared_w2=self.sw2))
         self.routed_scaling = routed_scaling
         self.describe = (f"DeepseekV3MoE E={E} k={k} H={H} I={I} n_group={n_group} "
                          f"topk_group={topk_group} routed_scaling={routed_scaling} shared "
@@ -358,9 +386,10 @@ class Qwen3Next(Case):
         ld.set("shared_expert_gate.weight", self.sgate)
         ld.check_all()
         self.gate = self.block.gate
-        self.layer = sct.MoE(self.router, self.w13, self.w2, top_k=k, scoring="softmax",
-                             renormalize=True, shared_w13=self.sw13, shared_w2=self.sw2,
-                             shared_gate=self.sgate, max_tokens=1024, label=self.name)
+        self.layer = hf_layer(torch, sct, self.block, self.name, dict(
+            router_weight=self.router, w13=self.w13, w2=self.w2, top_k=k, scoring="softmax",
+            renormalize=True, shared_w13=self.sw13, shared_w2=self.sw2,
+            shared_gate=self.sgate))
         self.routed_scaling = 1.0
         self.describe = (f"Qwen3NextSparseMoeBlock E={E} k={k} H={H} I={I} shared I_s={Is} "
                          f"gated")
@@ -417,12 +446,11 @@ class GptOss(Case):
         ld.set("experts.down_proj_bias", self.b2)
         ld.check_all()
         self.gate = self.block.router
-        self.layer = sct.MoE(self.router, self.w13, self.w2, top_k=k, scoring="softmax",
-                             renormalize=True, router_bias=self.router_bias,
-                             activation="swiglu_clamp", swiglu_alpha=self.alpha,
-                             swiglu_limit=self.limit, w13_layout="interleaved",
-                             w13_bias=self.b13, w2_bias=self.b2, max_tokens=1024,
-                             label=self.name)
+        self.layer = hf_layer(torch, sct, self.block, self.name, dict(
+            router_weight=self.router, w13=self.w13, w2=self.w2, top_k=k, scoring="softmax",
+            renormalize=True, router_bias=self.router_bias, activation="swiglu_clamp",
+            swiglu_alpha=self.alpha, swiglu_limit=self.limit, w13_layout="interleaved",
+            w13_bias=self.b13, w2_bias=self.b2))
         self.routed_scaling = 1.0
         self.describe = (f"GptOssMLP E={E} k={k} H={H} I={I} alpha={self.alpha} "
                          f"limit={self.limit}")
