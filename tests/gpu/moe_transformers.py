@@ -521,9 +521,12 @@ def compare(torch, case, x, T, stats):
                 f"k={k}] integer ids: its output tuple changed"]
     # safecuda: the routing alone, the forward with its own routing, and with the
     # transformers router's choice given.
+    # The layer is a TransformersMoE, called as the block is (the output alone); the
+    # safecuda.torch.MoE forward it derives from takes the options compared here.
+    layer = lambda *a, **kw: super(type(case.layer), case.layer).forward(*a, **kw)  # noqa: E731
     sc_ids, sc_w = case.layer.route(x)
-    sc_out, f_ids, f_w = case.layer(x, return_routing=True)
-    sc_given = case.layer(x, routing=(hf_ids, hf_w))
+    sc_out, f_ids, f_w = layer(x, return_routing=True)
+    sc_given = layer(x, routing=(hf_ids, hf_w))
     torch.cuda.synchronize()
     if not (torch.equal(f_ids, sc_ids) and torch.equal(f_w, sc_w)):
         fails.append(f"{tag}: the forward's own routing differs from MoE.route's on "
@@ -595,9 +598,9 @@ def compare(torch, case, x, T, stats):
         g = torch.Generator(device="cuda").manual_seed(T)
         residual = torch.randn(T, case.H, device="cuda", generator=g).to(torch.bfloat16)
         acc = residual.clone()
-        case.layer(x, routing=(hf_ids, hf_w), accumulate_into=acc)
+        layer(x, routing=(hf_ids, hf_w), accumulate_into=acc)
         acc_own = residual.clone()
-        case.layer(x, accumulate_into=acc_own)
+        layer(x, accumulate_into=acc_own)
         torch.cuda.synchronize()
         want = residual.float() + hf_out
         a1 = rel_l2(torch, acc, want)
@@ -660,7 +663,11 @@ def main():
             checks += 1
             x = Rand(torch, args.seed * 1000 + 100 * mi + T).normal(T, case.H)
             try:
-                fails = compare(torch, case, x, T, stats)
+                # The layer is forward-only: it refuses a forward that would need gradients
+                # (the block's parameters require grad), as a patched model does outside
+                # no_grad / inference_mode.
+                with torch.no_grad():
+                    fails = compare(torch, case, x, T, stats)
             except Exception as exc:  # noqa: BLE001
                 fails = [f"{name} T={T}: raised {type(exc).__name__}: {exc}"]
                 say(f"  {name} T={T}: FAILED with an exception:")
