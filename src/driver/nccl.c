@@ -67,7 +67,7 @@ __attribute__((format(printf, 3, 4))) static void appendf(char *buf, size_t size
 }
 
 /* "2.28.9" for 22809 (and 2.8.4 for 2804: the older encoding). */
-static void version_text(int code, char *out, size_t size)
+void sci_nccl_version_text(int code, char *out, size_t size)
 {
     if (code >= 10000)
         snprintf(out, size, "%d.%d.%d", code / 10000, (code / 100) % 100, code % 100);
@@ -113,8 +113,8 @@ static bool try_library(const char *path, int flags, char *tried, size_t size)
     }
     if (get_version(&v) != 0 || v < SCI_NCCL_MIN_VERSION) {
         char have[32], need[32];
-        version_text(v, have, sizeof have);
-        version_text(SCI_NCCL_MIN_VERSION, need, sizeof need);
+        sci_nccl_version_text(v, have, sizeof have);
+        sci_nccl_version_text(SCI_NCCL_MIN_VERSION, need, sizeof need);
         appendf(tried, size,
                 "%s%s (NCCL %s is too old: safecuda needs NCCL %s or newer, for its "
                 "non-blocking communicators (2.14) and the fixes of 2.19.4 to graph capture "
@@ -130,7 +130,7 @@ static bool try_library(const char *path, int flags, char *tried, size_t size)
         void *fn = dlsym(h, entries[i].name);
         if (!fn && entries[i].required) {
             char have[32];
-            version_text(v, have, sizeof have);
+            sci_nccl_version_text(v, have, sizeof have);
             appendf(tried, size, "%s%s (NCCL %s lacks the entry point %s)",
                     tried[0] ? "; " : "", where, have, entries[i].name);
             memset(&table, 0, sizeof table);
@@ -290,7 +290,7 @@ static void load(void)
     if (!handle)
         return;
     char text[32];
-    version_text(nccl_version, text, sizeof text);
+    sci_nccl_version_text(nccl_version, text, sizeof text);
     snprintf(load_message, sizeof load_message, "loaded %s (NCCL %s)", library_path, text);
     load_status = SC_OK;
 }

@@ -128,6 +128,8 @@ int sci_nccl_version(void);
 /* The loaded NCCL is safecuda's test double (tests/ncclfault), which works on the test
  * device's memory only. */
 bool sci_nccl_is_test_double(void);
+/* "2.28.9" for the version code 22809. */
+void sci_nccl_version_text(int code, char *out, size_t size);
 
 /* "ncclInvalidArgument" and NCCL's text for it ("invalid argument", from
  * ncclGetErrorString; a built-in text before NCCL is loaded). Never NULL. */
