@@ -94,7 +94,7 @@ static inline void end_world(int n)
 static inline sc_buffer buf(sc_context ctx, sc_dtype dtype, uint64_t count, const char *label)
 {
     sc_buffer b;
-    sc_buffer_desc d = {.dtype = dtype, .count = count, .label = label};
+    sc_buffer_desc d = {.dtype = dtype, .count = count, .label = label, .zero = true};
     buffer_line = __LINE__ + 1;
     REQUIRE(sc_buffer_create(ctx, &d, &b) == SC_OK);
     return b;
