@@ -268,9 +268,11 @@ static sc_status resolve(sci_comm_call *c, resolved *r)
         s = sci_comm_check_alive(r->comm, fn);
     if (s == SC_OK)
         s = sci_stream_resolve(c->stream, r->comm->ctx, fn, &r->st);
-    if (s == SC_OK && has_dst(c->kind) && (s = sci_view_resolve(c->dst, fn, "dst", &r->dst)) == SC_OK)
+    if (s == SC_OK && has_dst(c->kind) &&
+        (s = sci_view_resolve(c->dst, fn, "dst", &r->dst)) == SC_OK)
         s = same_context(r, &r->dst, "dst");
-    if (s == SC_OK && has_src(c->kind) && (s = sci_view_resolve(c->src, fn, "src", &r->src)) == SC_OK)
+    if (s == SC_OK && has_src(c->kind) &&
+        (s = sci_view_resolve(c->src, fn, "src", &r->src)) == SC_OK)
         s = same_context(r, &r->src, "src");
     if (s != SC_OK) {
         release(r);
@@ -494,12 +496,14 @@ static sc_status issue_all(resolved *rs, size_t n, sci_comm **comms, size_t n_co
         char e[600];
         sci_comm_nccl_error(err, rs[err_at].comm->nccl, e, sizeof e);
         for (size_t i = 0; i < n_comms; i++)
-            sci_comm_abort_locked(comms[i], SC_ERR_COMM, true, "NCCL refused the %s: %s; the state of "
-                                  "its ranks is unknown", rs[err_at].what, e);
+            sci_comm_abort_locked(comms[i], SC_ERR_COMM, true,
+                                  "NCCL refused the %s: %s; the state of its ranks is unknown",
+                                  rs[err_at].what, e);
         s = sci_comm_check_alive(rs[err_at].comm, fn);
     } else if (s != SC_OK) {
         for (size_t i = 0; i < n_comms; i++)
-            sci_comm_abort_locked(comms[i], SC_ERR_COMM, true, "%s failed: %s", what, sc_last_error());
+            sci_comm_abort_locked(comms[i], SC_ERR_COMM, true, "%s failed: %s", what,
+                                  sc_last_error());
     } else {
         s = sci_comm_wait_issued(comms, n_comms, what, fn);
     }
@@ -573,7 +577,7 @@ out:
     return s;
 }
 
-/* ---- the public calls ------------------------------------------------------------------------- */
+/* ---- the public calls ---------------------------------------------------------------------- */
 
 static sc_status submit(sci_comm_call *call)
 {

@@ -3,6 +3,7 @@
  *
  *   comm.c        the object (create, create_all, destroy, abort, info), the per-GPU issue
  *                 locks, waiting for NCCL (ncclInProgress) with the timeout, aborts;
+ *   inflight.c    the collectives in flight: tracking, polling, sc_comm_synchronize/_query;
  *   collective.c  the public collectives: their checks, and issuing a list of them;
  *   group.c       sc_comm_group_begin / _end: the calling thread's pending list;
  *   watchdog.c    the thread that finds collectives past their deadline and NCCL's
@@ -56,6 +57,8 @@ typedef struct sci_comm {
 
 /* Monotonic nanoseconds. */
 uint64_t sci_comm_now_ns(void);
+/* A wait's pause: a few yields first (NCCL's own threads progress), then 0.1 .. 1 ms. */
+void sci_comm_backoff(unsigned *spins);
 
 /* The issue lock of a GPU (by ordinal). lock_devices locks each of a list's devices once,
  * in ascending order (the list is sorted and made unique in place; returns the count). */
@@ -93,6 +96,8 @@ const char *sci_comm_nccl_error(ncclResult_t r, ncclComm_t comm, char *buf, size
  * communicator of the list is aborted (NCCL's rule for a group), with a reason naming what
  * (e.g. "issuing the all-reduce of ...") and fn; the status and message are returned. */
 sc_status sci_comm_wait_issued(sci_comm **comms, size_t n, const char *what, const char *fn);
+
+/* ---- inflight.c ------------------------------------------------------------------------------ */
 
 /* Remember a collective issued on stream (outside a capture) as in flight on c: an event
  * recorded after it, its deadline. A failure to record leaves it untracked (a sticky error
@@ -146,8 +151,9 @@ typedef struct sci_comm_call {
 
 /* Check a call as its function would (resolving and releasing everything). */
 sc_status sci_comm_call_check(sci_comm_call *call);
-/* Check and issue calls together (one NCCL group), ordered by the stream layer; where is
- * "" for a single call, else the name of the list in messages ("the group"). */
+/* Check and issue calls together (one NCCL group), ordered by the stream layer. fn names
+ * the caller in messages: the call's own function for a single call, sc_comm_group_end for
+ * a group (whose messages then name the call that failed). */
 sc_status sci_comm_issue(sci_comm_call *calls, size_t n, const char *fn);
 /* The rules between the calls of one group (one stream per context, no output overlapping
  * another call's view), for call `latest` against calls[0 .. latest). */

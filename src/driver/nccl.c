@@ -55,7 +55,8 @@ static int nccl_version;
 static bool test_double;
 static void *handle;
 
-__attribute__((format(printf, 3, 4))) static void appendf(char *buf, size_t size, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void appendf(char *buf, size_t size,
+                                                          const char *fmt, ...)
 {
     size_t len = strlen(buf);
     if (len + 1 >= size)
@@ -309,11 +310,17 @@ bool sci_nccl_is_test_double(void) { return test_double; }
 /* ---- errors ------------------------------------------------------------------------------ */
 
 static const char *const result_names[] = {
-    "ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-    "ncclInvalidArgument", "ncclInvalidUsage",     "ncclRemoteError", "ncclInProgress"};
+    "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+    "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
+/* (NCCL's own texts come from ncclGetErrorString once it is loaded) */
 static const char *const result_texts[] = {
-    "no error",          "unhandled cuda error", "unhandled system error", "internal error",
-    "invalid argument",  "invalid usage",        "remote process exited or there was a network error",
+    "no error",
+    "unhandled cuda error",
+    "unhandled system error",
+    "internal error",
+    "invalid argument",
+    "invalid usage",
+    "remote process exited or there was a network error",
     "NCCL operation in progress"};
 
 const char *sci_nccl_error_name(ncclResult_t r)

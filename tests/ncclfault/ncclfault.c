@@ -290,13 +290,15 @@ EXPORT ncclResult_t ncclGetVersion(int *version)
 
 EXPORT const char *ncclGetErrorString(ncclResult_t r)
 {
-    static const char *const texts[] = {"no error", "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
-                                        "unhandled system error (run with NCCL_DEBUG=INFO for details)",
-                                        "internal error - please report this issue to the NCCL developers",
-                                        "invalid argument (run with NCCL_DEBUG=WARN for details)",
-                                        "invalid usage (run with NCCL_DEBUG=WARN for details)",
-                                        "remote process exited or there was a network error",
-                                        "NCCL operation in progress"};
+    static const char *const texts[] = {
+        "no error",
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        "unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        "internal error - please report this issue to the NCCL developers",
+        "invalid argument (run with NCCL_DEBUG=WARN for details)",
+        "invalid usage (run with NCCL_DEBUG=WARN for details)",
+        "remote process exited or there was a network error",
+        "NCCL operation in progress"};
     return r >= 0 && r < 8 ? texts[r] : "unknown result code";
 }
 
