@@ -477,8 +477,9 @@ static int run_fork(int ranks)
         int count = 0;
         if (sc_device_count(&count) != SC_OK || count < ranks) {
             if (r == 0)
-                printf("test_gpu_comm fork: %d GPU(s) here, %d needed%s%s\n", count, ranks,
-                       count ? "" : ": ", count ? "" : sc_last_error());
+                printf("test_gpu_comm fork: skipped: %d GPU(s) here, %d needed%s%s\n", count,
+                       ranks, count ? "" : ": ", count ? "" : sc_last_error());
+            fflush(stdout);
             _exit(77);
         }
         sc_context ctx;
@@ -487,6 +488,7 @@ static int run_fork(int ranks)
             sc_comm_create(ctx, &(sc_comm_desc){.unique_id = id, .nranks = ranks, .rank = r,
                                                 .timeout_ms = 60000}, &c) != SC_OK) {
             fprintf(stderr, "rank %d: %s\n", r, sc_last_error());
+            fflush(stderr);
             _exit(1);
         }
         enum { C = 1 << 16 };
@@ -512,6 +514,8 @@ static int run_fork(int ranks)
         CHECK_OK(sc_buffer_destroy(b));
         CHECK_OK(sc_comm_destroy(c));
         CHECK_OK(sc_context_destroy(ctx));
+        fflush(stdout);
+        fflush(stderr);
         _exit(test_failures ? 1 : 0);
     }
     int rc = 0, skipped = 0;
