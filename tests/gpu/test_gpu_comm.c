@@ -170,7 +170,8 @@ static void gather_case(size_t c)
     free(got);
 }
 
-/* m[p][q] elements from p to q: (p + 2q) % 3 x unit (zeros included), or unit each (equal);
+/* m[p][q] elements from p to q: (p + 2q + 1) % 3 x unit (rank 0 sends rank 1 nothing, and
+ * more zeros with 4 ranks), or unit each (equal);
  * odd ranks use explicit offsets with gaps of 5 elements that keep their poison. */
 static void exchange_case(bool equal, uint64_t unit)
 {
@@ -178,7 +179,7 @@ static void exchange_case(bool equal, uint64_t unit)
     uint64_t m[MAX][MAX], so[MAX][MAX], ro[MAX][MAX], slen[MAX], rlen[MAX];
     for (int p = 0; p < n; p++)
         for (int q = 0; q < n; q++)
-            m[p][q] = equal ? unit : (uint64_t)((p + 2 * q) % 3) * unit + (uint64_t)(p == q);
+            m[p][q] = equal ? unit : (uint64_t)((p + 2 * q + 1) % 3) * unit; /* 0 for some */
     for (int r = 0; r < n; r++) {
         const uint64_t gap = equal || r % 2 == 0 ? 0 : GAP;
         slen[r] = rlen[r] = gap;
