@@ -13,7 +13,8 @@
  *   - a libnccl.so.2 the process has already loaded (torch's, for instance);
  *   - the nvidia-nccl-cu13 / nvidia-nccl-cu12 wheels (nvidia/nccl/lib/libnccl.so.2) in the
  *     site-packages of the Python packages the process has loaded, and under $VIRTUAL_ENV,
- *     $CONDA_PREFIX, $PYTHONHOME and the running program's prefix;
+ *     $CONDA_PREFIX, $PYTHONHOME and the running program's prefix (as started and as
+ *     resolved: a virtual environment's bin/python3, activated or not);
  *   - the dynamic linker's search (LD_LIBRARY_PATH, the system's libnccl2 package);
  *   - $CUDA_HOME, $CUDA_PATH, /usr/local/cuda (lib64, lib).
  * A library that is too old, not NCCL, or lacks an entry point is passed over (the message

@@ -9,7 +9,8 @@
  *     environments: the site-packages (or dist-packages) folders of the libraries the
  *     process has loaded (a Python program has loaded its packages' extensions, safecuda's
  *     own libsafecuda.so when pip-installed), then under $VIRTUAL_ENV, $CONDA_PREFIX,
- *     $PYTHONHOME and the running program's prefix (python3's): lib/python3.*\/
+ *     $PYTHONHOME and the running program's prefix (python3's, as started and as resolved:
+ *     a virtual environment's bin/python3 links to the system's): lib/python3.*\/
  *     site-packages and the same under lib64;
  *   - libnccl.so.2 through the dynamic linker (LD_LIBRARY_PATH, the program's RUNPATH, the
  *     system's folders: the libnccl2 package);
@@ -207,14 +208,9 @@ static void add_environment(prefix_list *sites, const char *prefix)
     }
 }
 
-/* The running program's prefix (<prefix>/bin/python3 -> <prefix>). */
-static void add_program_prefix(prefix_list *sites)
+/* The prefix of a program path (<prefix>/bin/python3 -> <prefix>). */
+static void add_prefix_of(prefix_list *sites, char *exe)
 {
-    char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return;
-    exe[n] = '\0';
     char *slash = strrchr(exe, '/');
     if (!slash)
         return;
@@ -226,6 +222,26 @@ static void add_program_prefix(prefix_list *sites)
     add_environment(sites, exe);
 }
 
+/* The running program's prefixes: as it was started (argv[0] with a folder: a virtual
+ * environment's bin/python3, which is a link to the system's), and as resolved. */
+static void add_program_prefixes(prefix_list *sites)
+{
+    char exe[1024] = "";
+    FILE *f = fopen("/proc/self/cmdline", "r");
+    if (f) {
+        size_t n = fread(exe, 1, sizeof exe - 1, f);
+        exe[n] = '\0'; /* argv[0] ends at its NUL */
+        fclose(f);
+        if (strchr(exe, '/'))
+            add_prefix_of(sites, exe);
+    }
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        add_prefix_of(sites, exe);
+    }
+}
+
 static bool search_python(char *tried, size_t size)
 {
     static prefix_list sites; /* (load runs once) */
@@ -234,7 +250,7 @@ static bool search_python(char *tried, size_t size)
     add_environment(&sites, getenv("VIRTUAL_ENV"));
     add_environment(&sites, getenv("CONDA_PREFIX"));
     add_environment(&sites, getenv("PYTHONHOME"));
-    add_program_prefix(&sites);
+    add_program_prefixes(&sites);
     for (int i = 0; i < sites.n; i++) {
         char path[1100];
         snprintf(path, sizeof path, "%s/nvidia/nccl/lib/libnccl.so.2", sites.items[i]);

@@ -2,12 +2,14 @@
  * environment CTest sets for it (tests/CMakeLists.txt). The NCCL test double
  * (tests/ncclfault) stands in for NCCL where a mode needs a loadable one; the "system" mode
  * loads the real libnccl.so.2 where this machine has one (only to read its version: nothing
- * runs on a GPU here). Every refusal: the status and the whole message. */
+ * runs on a GPU here). Every refusal: the status and the whole message. Python environments:
+ * through VIRTUAL_ENV ("venv") and through the program's path ("program"). */
 #define _GNU_SOURCE /* mkdtemp, setenv, symlink */
 #include <dlfcn.h>
 #include <link.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../test.h"
@@ -111,13 +113,24 @@ int main(int argc, char **argv)
         CHECK(memcmp(&a, &b, sizeof a) != 0); /* each id new */
         /* The double refuses a real driver: here there is none, so a context can't exist;
          * the pairing refusal with the test device is in the "system" mode. */
-    } else if (strcmp(mode, "venv") == 0) {
-        /* A Python environment (VIRTUAL_ENV) holding the nvidia-nccl wheel's layout, with the
-         * double in it: found there, SAFECUDA_LIBNCCL unset. */
+    } else if (strcmp(mode, "in-env") == 0) {
+        /* Started as <env>/bin/test_nccl_loader (argv[0], a link: how a virtual environment's
+         * python3 runs, VIRTUAL_ENV unset): the environment's wheel is found. */
+        char path[1024];
+        CHECK_OK(sc_comm_library_path(path, sizeof path));
+        if (strcmp(path, argv[2]) != 0) {
+            fprintf(stderr, "loaded %s, expected %s\n", path, argv[2]);
+            test_failures++;
+        }
+    } else if (strcmp(mode, "venv") == 0 || strcmp(mode, "program") == 0) {
+        /* A Python environment holding the nvidia-nccl wheel's layout, with the double in it:
+         * found there, SAFECUDA_LIBNCCL unset; through VIRTUAL_ENV ("venv"), or through the
+         * path the program was started by ("program": run again as <env>/bin/...). */
+        const bool program = strcmp(mode, "program") == 0;
         char dir[] = "/tmp/safecuda-venv-XXXXXX";
         REQUIRE(mkdtemp(dir) != NULL);
         char path[1024], made[1024];
-        const char *parts[] = {"lib", "lib/python3.12", "lib/python3.12/site-packages",
+        const char *parts[] = {"bin", "lib", "lib/python3.12", "lib/python3.12/site-packages",
                                "lib/python3.12/site-packages/nvidia",
                                "lib/python3.12/site-packages/nvidia/nccl",
                                "lib/python3.12/site-packages/nvidia/nccl/lib"};
@@ -128,14 +141,34 @@ int main(int argc, char **argv)
         snprintf(made, sizeof made, "%s/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
                  dir);
         REQUIRE(argc > 2 && symlink(argv[2], made) == 0);
-        setenv("VIRTUAL_ENV", dir, 1);
-        int v = 0;
-        CHECK_OK(sc_comm_library_version(&v));
-        CHECK(v == 22809);
-        CHECK_OK(sc_comm_library_path(path, sizeof path));
-        if (strcmp(path, made) != 0) {
-            fprintf(stderr, "loaded %s, expected %s\n", path, made);
-            test_failures++;
+        char self[1024], exe[1100];
+        snprintf(exe, sizeof exe, "%s/bin/test_nccl_loader", dir);
+        if (program) {
+            ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+            REQUIRE(k > 0);
+            self[k] = '\0';
+            REQUIRE(symlink(self, exe) == 0);
+            pid_t pid = fork();
+            REQUIRE(pid >= 0);
+            if (pid == 0) {
+                unsetenv("VIRTUAL_ENV");
+                execl(exe, exe, "in-env", made, (char *)NULL);
+                _exit(127);
+            }
+            int st = 0;
+            waitpid(pid, &st, 0);
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+            unlink(exe);
+        } else {
+            setenv("VIRTUAL_ENV", dir, 1);
+            int v = 0;
+            CHECK_OK(sc_comm_library_version(&v));
+            CHECK(v == 22809);
+            CHECK_OK(sc_comm_library_path(path, sizeof path));
+            if (strcmp(path, made) != 0) {
+                fprintf(stderr, "loaded %s, expected %s\n", path, made);
+                test_failures++;
+            }
         }
         unlink(made);
         for (size_t i = sizeof parts / sizeof parts[0]; i-- > 0;) {
