@@ -344,21 +344,24 @@ static void free_comm(sci_comm *c)
     free(c);
 }
 
-/* Publish a communicator whose NCCL communicator is ready, and watch it. On failure it is
- * aborted and freed. */
+/* Publish a communicator whose NCCL communicator is ready, then watch it (the watchdog sees
+ * it complete). On failure it is aborted and freed. */
 static sc_status publish(sci_comm *c, const char *label, const char *file, int line,
                          const char *fn)
 {
-    sc_status s = sci_comm_watch(c, fn);
-    if (s == SC_OK) {
-        s = sci_registry_insert(&c->obj, SCI_KIND_COMM, c->ctx->obj.id,
-                                label && label[0] ? label : "comm", file, line, fn);
-        if (s != SC_OK)
-            sci_comm_unwatch(c);
+    sc_status s = sci_registry_insert(&c->obj, SCI_KIND_COMM, c->ctx->obj.id,
+                                      label && label[0] ? label : "comm", file, line, fn);
+    if (s == SC_OK && (s = sci_comm_watch(c, fn)) != SC_OK) {
+        char *saved = sci_error_save();
+        sci_object *obj = NULL;
+        sci_registry_remove(SCI_KIND_COMM, c->obj.id, fn, &obj);
+        sci_error_restore(saved);
     }
     if (s != SC_OK) {
         c->obj.id = 0;
+        sci_comm_lock_device(c->ctx->device);
         sci_comm_abort_locked(c, SC_ERR_COMM, true, "it could not be published");
+        sci_comm_unlock_device(c->ctx->device);
         free_comm(c);
     }
     return s;
