@@ -104,6 +104,11 @@ typedef enum sc_status {
     SC_ERR_CAPTURE,            /* not allowed while a stream capture is in progress (nothing
                                   was done; the capture is still usable) */
     SC_ERR_CAPTURE_INVALIDATED, /* the capture was invalidated: it produced no graph */
+    SC_ERR_NO_NCCL,            /* no usable NCCL could be loaded (safecuda/comm.h) */
+    SC_ERR_COMM,               /* NCCL reported an error, or the communicator was aborted
+                                  (its name and text are in the message) */
+    SC_ERR_TIMEOUT,            /* a communicator's operation did not finish in its timeout:
+                                  the communicator was aborted */
     SC_STATUS_COUNT
 } sc_status;
 

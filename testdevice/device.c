@@ -62,6 +62,7 @@ CUresult f_cuDeviceGetUuid(CUuuid *u, CUdevice d)
         static const unsigned char id[16] = {0xfa, 0x4e, 0x0d, 0x3e, 0x5a, 0xfe, 0xc0, 0xda,
                                              0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01};
         memcpy(u->bytes, id, 16);
+        u->bytes[15] = (char)(1 + d); /* one per device */
     }
     td_unlock();
     return r;
@@ -75,7 +76,7 @@ CUresult f_cuDeviceGetPCIBusId(char *id, int len, CUdevice d)
     CHECKS(r, device_ok(d, fn),
            refuse_if(!id || len <= 0, CUDA_ERROR_INVALID_VALUE, fn, "NULL id or length %d", len));
     if (r == CUDA_SUCCESS)
-        snprintf(id, (size_t)len, "0000:FA:00.0");
+        snprintf(id, (size_t)len, "0000:%02X:00.0", 0xFA - d); /* FA for device 0 */
     td_unlock();
     return r;
 }
@@ -243,6 +244,8 @@ CUresult f_cuCtxSynchronize(void)
     td_lock();
     CUresult r; /* td_capture_unsafe: the context holds a capturing stream, no capture survives */
     CHECKS(r, need_ctx(fn), td_capture_unsafe(fn, 1));
+    while (r == CUDA_SUCCESS && td_any_stream_busy())
+        td_wait(); /* held streams (hold.c) */
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     td_unlock();

@@ -76,12 +76,12 @@ int td_read_settings(td_settings *s, char *error, size_t size)
         s->host_limit = n << 20;
     }
     if ((v = setting(name = "SAFECUDA_TESTDEVICE_DEVICES"))) {
-        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-            accepted = "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) or 1 (the "
-                       "default); the test device models one device";
+        if (!whole(v, 0, 8, &n)) {
+            accepted = "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) to 8 (the default "
+                       "is 1); several devices share one primary context and one memory";
             goto bad;
         }
-        s->n_devices = v[0] - '0';
+        s->n_devices = (int)n;
     }
     if ((v = setting(name = "SAFECUDA_TESTDEVICE_CC")) &&
         !parse_compute_capability(v, &s->compute_capability)) {

@@ -42,6 +42,7 @@ CUresult f_cuStreamDestroy(CUstream s)
                      "unknown or destroyed stream %p", (void *)s),
            td_stream_destroy_check((fake_stream *)(void *)s, fn));
     if (r == CUDA_SUCCESS) {
+        td_hold_forget_stream((fake_stream *)(void *)s);
         set_remove(&streams, s);
         td_stream_forget((fake_stream *)(void *)s);
         free(s);
@@ -71,6 +72,8 @@ CUresult f_cuStreamSynchronize(CUstream s)
     td_lock();
     CUresult r;
     CHECKS(r, need_ctx(fn), need_stream(s, fn), not_capturing(s, fn));
+    while (r == CUDA_SUCCESS && td_stream_busy(s))
+        td_wait(); /* a held stream (hold.c) */
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     td_unlock();
@@ -83,6 +86,8 @@ CUresult f_cuStreamQuery(CUstream s)
     td_lock();
     CUresult r;
     CHECKS(r, need_ctx(fn), need_stream(s, fn), not_capturing(s, fn));
+    if (r == CUDA_SUCCESS && td_stream_busy(s))
+        r = CUDA_ERROR_NOT_READY;
     td_unlock();
     return r;
 }
@@ -210,6 +215,8 @@ CUresult f_cuEventRecord(CUevent e, CUstream s)
     CHECKS(r, need_ctx(fn), event_ok(e, fn), need_stream(s, fn), td_capture_of(s, fn, &cap));
     if (r == CUDA_SUCCESS)
         r = td_event_record((fake_event *)(void *)e, cap, s);
+    if (r == CUDA_SUCCESS && !cap)
+        td_event_note_record((fake_event *)(void *)e, s);
     r = copy_done(r, cap, fn);
     td_unlock();
     return r;
@@ -221,6 +228,8 @@ CUresult f_cuEventSynchronize(CUevent e)
     td_lock();
     CUresult r;
     CHECKS(r, need_ctx(fn), event_ok(e, fn), td_event_check((fake_event *)(void *)e, fn));
+    while (r == CUDA_SUCCESS && td_event_pending((fake_event *)(void *)e))
+        td_wait(); /* recorded on a held stream (hold.c) */
     if (r == CUDA_SUCCESS)
         release_to_threshold();
     td_unlock();
@@ -233,6 +242,8 @@ CUresult f_cuEventQuery(CUevent e)
     td_lock();
     CUresult r;
     CHECKS(r, need_ctx(fn), event_ok(e, fn), td_event_check((fake_event *)(void *)e, fn));
+    if (r == CUDA_SUCCESS && td_event_pending((fake_event *)(void *)e))
+        r = CUDA_ERROR_NOT_READY; /* recorded on a held stream (hold.c) */
     td_unlock();
     return r;
 }

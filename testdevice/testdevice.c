@@ -21,7 +21,8 @@
  *     (H100-like) attributes; SAFECUDA_TESTDEVICE_MEMORY_MB (default 4096) sets its memory,
  *     SAFECUDA_TESTDEVICE_PINNED_MB (default 1024) caps pinned host memory,
  *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE (1, one device,
- *     is the default; more are not modelled);
+ *     is the default; up to 8 devices share the one primary context and the one memory:
+ *     enough for the bookkeeping of multi-GPU code, safecuda's communicators);
  *     SAFECUDA_TESTDEVICE_DRIVER_VERSION=12030 (for example, 12000 .. 13000) reports an
  *     older driver, which lacks the entry points that came after that version;
  *     SAFECUDA_TESTDEVICE_CC=80 or 8.0 (major 5 .. 12, minor 0 .. 9) reports another compute
@@ -42,7 +43,9 @@
  *     (CUDA_ERROR_INVALID_VALUE elsewhere: pageable or freed memory); tests can make it
  *     describe an allocation as host, managed, another device's or another context's
  *     memory (safecuda_testdevice_set_pointer_attributes);
- *   - streams are synchronous: every copy, memset and host function runs at once;
+ *   - streams are synchronous: every copy, memset and host function runs at once; a stream
+ *     can be held (hold.c: work that has not finished, for safecuda's NCCL test double):
+ *     queries answer CUDA_ERROR_NOT_READY and synchronizations wait until it is released;
  *   - modules from PTX text only (module.c; read by ptx.c): `.entry NAME(` blocks and their
  *     `.param` lines give each kernel's parameter offsets and sizes (so the library's launch
  *     checks work);
@@ -224,6 +227,10 @@ int set_remove(ptr_set *s, const void *p)
 
 void td_lock(void) { pthread_mutex_lock(&lock); }
 void td_unlock(void) { pthread_mutex_unlock(&lock); }
+
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+void td_wait(void) { pthread_cond_wait(&wake, &lock); }
+void td_wake(void) { pthread_cond_broadcast(&wake); }
 
 /* Record a misuse (the caller holds the lock) and return err. */
 static CUresult vbad(CUresult err, const char *fn, const char *fmt, va_list ap)

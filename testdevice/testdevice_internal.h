@@ -72,6 +72,8 @@ typedef struct fake_stream {
     struct fake_capture *capture; /* the capture it belongs to, NULL when not capturing */
     idx_set deps;                 /* while capturing: what its next node depends on */
     int other_context;            /* a test said it belongs to a context of its own */
+    int holds;                    /* unfinished work (hold.c) */
+    uint64_t hold_epoch;          /* counts the times its holds all ended */
 } fake_stream;
 #define STREAM_MAGIC 0x57e4
 
@@ -83,6 +85,8 @@ typedef struct fake_event {
     uint64_t capture_id; /* the capture of its last record, when captured */
     idx_set deps;        /* the capturing stream's dependencies at that record */
     uint64_t serial;     /* unique per event ever created (graph nodes name events by it) */
+    const fake_stream *pending_on; /* recorded on a held stream (hold.c), in its epoch: */
+    uint64_t pending_epoch;        /* complete once that stream's holds have all ended */
 } fake_event;
 #define EVENT_MAGIC 0xe7e7
 
@@ -172,6 +176,9 @@ SCI_CU_FUNCS(FAKE_PROTO)
 
 void td_lock(void);
 void td_unlock(void);
+/* Wait (lock held; it is released while waiting) until td_wake is called. */
+void td_wait(void);
+void td_wake(void);
 
 /* Record a misuse (lock held) and return err. */
 __attribute__((format(printf, 3, 4))) CUresult bad(CUresult err, const char *fn,
@@ -237,6 +244,17 @@ void release_to_threshold(void);
 uint64_t cached_total(void);
 /* The end of a stream operation: an error on a capturing stream (cap) invalidates it. */
 CUresult copy_done(CUresult r, struct fake_capture *cap, const char *fn);
+
+/* ---- hold.c: held streams (lock held) ------------------------------------------------------- */
+
+/* The stream has holds; any stream has. */
+int td_stream_busy(CUstream s);
+int td_any_stream_busy(void);
+/* cuEventRecord of e on s outside a capture; whether e's record is not complete yet. */
+void td_event_note_record(fake_event *e, CUstream s);
+int td_event_pending(const fake_event *e);
+/* s is being destroyed: its holds end. */
+void td_hold_forget_stream(fake_stream *s);
 
 /* ---- ptx.c: the PTX reader -------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* safecuda: the command-line tool.
  *
- *   safecuda info [--json]   safecuda's version, NVRTC (with or without a driver), the driver
- *                            and every device's properties
+ *   safecuda info [--json]   safecuda's version, NVRTC and NCCL (with or without a driver),
+ *                            the driver and every device's properties
  *   safecuda compile FILE.cu [--arch TARGET] [--ptx] [-o OUT] [-I DIR] [-D NAME[=V]]
  *                            [-U NAME] [NVRTC options...]
  *                            compile as the library does; TARGET is sm_XY, sm_XYa
@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "safecuda/comm.h"
 #include "tool.h"
 
 void print_exit_statuses(FILE *f)
@@ -82,9 +83,10 @@ static void info_usage(FILE *f)
     fprintf(f,
             "usage: safecuda info [--json]\n"
             "\n"
-            "Shows safecuda's version, NVRTC (the compiler needs no GPU), the disk cache of\n"
-            "compiled kernels, the driver and every device's properties. Without a driver or a\n"
-            "device it says why, still shows NVRTC and the cache, and exits 2.\n"
+            "Shows safecuda's version, NVRTC (the compiler needs no GPU), NCCL (for\n"
+            "communicators; where it was found, or why not), the disk cache of compiled\n"
+            "kernels, the driver and every device's properties. Without a driver or a device\n"
+            "it says why, still shows NVRTC, NCCL and the cache, and exits 2.\n"
             "SAFECUDA_DEVICE=test shows the test device instead of a GPU.\n"
             "\n"
             "The cache is $SAFECUDA_CACHE_DIR, else $XDG_CACHE_HOME/safecuda, else\n"
@@ -190,6 +192,47 @@ static void nvrtc_text(const nvrtc_info *nv)
         printf("NVRTC:   not available (%s)\n", nv->error);
 }
 
+/* NCCL (for communicators; needs no driver): its version and path, or why it is not
+ * loaded. Never a reason to fail: most programs need no NCCL. */
+typedef struct nccl_info {
+    bool ok;
+    char version[32];
+    char path[1024];
+    char error[8192];
+} nccl_info;
+
+static void nccl_query(nccl_info *nc)
+{
+    memset(nc, 0, sizeof *nc);
+    int v = 0;
+    nc->ok = sc_comm_library_version(&v) == SC_OK &&
+             sc_comm_library_path(nc->path, sizeof nc->path) == SC_OK;
+    if (nc->ok)
+        snprintf(nc->version, sizeof nc->version, "%d.%d.%d", v / 10000, (v / 100) % 100,
+                 v % 100);
+    else
+        snprintf(nc->error, sizeof nc->error, "%s", sc_last_error());
+}
+
+static void nccl_json(const nccl_info *nc)
+{
+    if (nc->ok) {
+        printf(",\n  \"nccl_version\": \"%s\",\n  \"nccl_path\": ", nc->version);
+        json_string(nc->path);
+    } else {
+        printf(",\n  \"nccl_version\": null,\n  \"nccl_error\": ");
+        json_string(nc->error);
+    }
+}
+
+static void nccl_text(const nccl_info *nc)
+{
+    if (nc->ok)
+        printf("NCCL:    %s (%s)\n", nc->version, nc->path);
+    else
+        printf("NCCL:    not available (%s)\n", nc->error);
+}
+
 /* The disk cache: its folder, or why it is off. */
 static void cache_json(void)
 {
@@ -232,6 +275,8 @@ static int cmd_info(int argc, char **argv)
     }
     nvrtc_info nv;
     nvrtc_query(&nv);
+    static nccl_info nc;
+    nccl_query(&nc);
     int driver = 0, count = 0;
     char path[1024] = "";
     sc_status s = sc_driver_version(&driver);
@@ -257,6 +302,7 @@ static int cmd_info(int argc, char **argv)
                 json_string(path);
             }
             nvrtc_json(&nv);
+            nccl_json(&nc);
             cache_json();
             printf("\n}\n");
         } else {
@@ -266,6 +312,7 @@ static int cmd_info(int argc, char **argv)
             else
                 printf("driver:  not available (the reason follows)\n");
             nvrtc_text(&nv);
+            nccl_text(&nc);
             cache_text();
         }
         fflush(stdout);
@@ -280,12 +327,14 @@ static int cmd_info(int argc, char **argv)
                (driver % 1000) / 10);
         json_string(path);
         nvrtc_json(&nv);
+        nccl_json(&nc);
         cache_json();
         printf(",\n  \"devices\": [");
     } else {
         printf("safecuda %s\n", sc_version_string());
         printf("driver:  CUDA %d.%d (%s)\n", driver / 1000, (driver % 1000) / 10, path);
         nvrtc_text(&nv);
+        nccl_text(&nc);
         cache_text();
         printf("devices: %d\n", count);
     }

@@ -47,8 +47,9 @@ __all__ = [
     "driver_version", "f32", "f64", "i32", "i64", "init", "library_path",
     "quantize_fp8_blocks", "quantize_fp8_tokens", "set_log_callback", "status_name", "u32",
     "u64", "version",
-    # the error classes, less OverflowError (a star import must not hide the builtin)
-    *[n for n in _ERROR_NAMES if n != "OverflowError"],
+    # the error classes, less OverflowError and TimeoutError (a star import must not hide
+    # the builtins)
+    *[n for n in _ERROR_NAMES if n not in ("OverflowError", "TimeoutError")],
 ]
 
 

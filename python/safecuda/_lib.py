@@ -49,6 +49,9 @@ class Status(enum.IntEnum):
     SC_ERR_INTERNAL = 24
     SC_ERR_CAPTURE = 25
     SC_ERR_CAPTURE_INVALIDATED = 26
+    SC_ERR_NO_NCCL = 27
+    SC_ERR_COMM = 28
+    SC_ERR_TIMEOUT = 29
 
 
 class SafecudaError(Exception):
@@ -79,6 +82,7 @@ _BUILTIN_BASES = {
     "SC_ERR_OUT_OF_BOUNDS": (IndexError,),
     "SC_ERR_OVERFLOW": (OverflowError,),
     "SC_ERR_TYPE_MISMATCH": (TypeError,),
+    "SC_ERR_TIMEOUT": (TimeoutError,),
 }
 
 

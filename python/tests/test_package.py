@@ -119,6 +119,8 @@ def test_one_exception_class_per_status():
     assert issubclass(sc.OutOfMemoryError, MemoryError)
     assert issubclass(sc.OverflowError, OverflowError)
     assert "OverflowError" not in sc.__all__  # a star import keeps the builtin
+    assert issubclass(sc.TimeoutError, TimeoutError)
+    assert "TimeoutError" not in sc.__all__
 
 
 def test_exceptions_pickle():

@@ -339,12 +339,13 @@ fail_free:
 }
 
 /* Kinds in the order their leaked objects are freed: users before what they use (DLPack
- * exports let go of their buffers' memory before the buffers go). */
+ * exports let go of their buffers' memory before the buffers go; a communicator finishes
+ * its collectives, which use buffers and streams, before those go). */
 static const sci_kind destroy_order[] = {
-    SCI_KIND_GRAPH_EXEC, SCI_KIND_GRAPH,       SCI_KIND_MOE,    SCI_KIND_KERNEL,
-    SCI_KIND_MODULE,     SCI_KIND_PROGRAM,     SCI_KIND_EVENT,  SCI_KIND_DLPACK_EXPORT,
-    SCI_KIND_BUFFER,     SCI_KIND_HOST_BUFFER, SCI_KIND_STREAM, SCI_KIND_TEST_A,
-    SCI_KIND_TEST_B,
+    SCI_KIND_GRAPH_EXEC, SCI_KIND_GRAPH,          SCI_KIND_MOE,    SCI_KIND_COMM,
+    SCI_KIND_KERNEL,     SCI_KIND_MODULE,         SCI_KIND_PROGRAM, SCI_KIND_EVENT,
+    SCI_KIND_DLPACK_EXPORT, SCI_KIND_BUFFER,      SCI_KIND_HOST_BUFFER, SCI_KIND_STREAM,
+    SCI_KIND_TEST_A,     SCI_KIND_TEST_B,
 };
 
 static size_t report_live(sci_context *c, const char *why)

@@ -38,6 +38,9 @@ static const char *const status_names[SC_STATUS_COUNT] = {
     [SC_ERR_INTERNAL] = "SC_ERR_INTERNAL",
     [SC_ERR_CAPTURE] = "SC_ERR_CAPTURE",
     [SC_ERR_CAPTURE_INVALIDATED] = "SC_ERR_CAPTURE_INVALIDATED",
+    [SC_ERR_NO_NCCL] = "SC_ERR_NO_NCCL",
+    [SC_ERR_COMM] = "SC_ERR_COMM",
+    [SC_ERR_TIMEOUT] = "SC_ERR_TIMEOUT",
 };
 
 const char *sc_status_name(sc_status status)

@@ -32,10 +32,10 @@ typedef struct registry {
 
 static registry registries[SCI_KIND_COUNT] = {
 #define R {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, 0, NULL}
-    R, R, R, R, R, R, R, R, R, R, R, R, R, R, R,
+    R, R, R, R, R, R, R, R, R, R, R, R, R, R, R, R,
 #undef R
 };
-_Static_assert(SCI_KIND_COUNT == 15, "update the registries initializer");
+_Static_assert(SCI_KIND_COUNT == 16, "update the registries initializer");
 
 static atomic_uint_fast64_t next_serial = 1;
 
@@ -46,7 +46,7 @@ static const char *const default_names[SCI_KIND_COUNT] = {
     [SCI_KIND_PROGRAM] = "program",  [SCI_KIND_MODULE] = "module",
     [SCI_KIND_KERNEL] = "kernel",    [SCI_KIND_MOE] = "moe layer",
     [SCI_KIND_GRAPH] = "graph",      [SCI_KIND_GRAPH_EXEC] = "executable graph",
-    [SCI_KIND_DLPACK_EXPORT] = "dlpack export",
+    [SCI_KIND_DLPACK_EXPORT] = "dlpack export", [SCI_KIND_COMM] = "communicator",
     [SCI_KIND_TEST_A] = "test-a",    [SCI_KIND_TEST_B] = "test-b",
 };
 

@@ -33,6 +33,7 @@ typedef enum sci_kind {
     SCI_KIND_GRAPH,
     SCI_KIND_GRAPH_EXEC,
     SCI_KIND_DLPACK_EXPORT, /* a DLPack export whose deleter has not run (src/interop/) */
+    SCI_KIND_COMM,          /* a communicator (src/comm/) */
     SCI_KIND_TEST_A, /* for the registry's own tests */
     SCI_KIND_TEST_B,
     SCI_KIND_COUNT

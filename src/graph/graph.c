@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "graph/graph.h"
 #include "memory/buffer.h"
 #include "stream/capture.h"
@@ -433,7 +434,12 @@ sc_status sc_graph_launch(sc_stream stream, sc_graph_exec exec)
         snprintf(owner, sizeof owner, "the executable graph instantiated at %s:%d from %s",
                  sci_basename(e->obj.file), e->obj.line, e->from);
         if ((s = acquire_all(&e->list, objs, owner, fn)) == SC_OK) {
-            s = launch_checked(e, st, objs, acc, fn);
+            /* A captured collective's communicator must not have been aborted. */
+            for (size_t i = 0; i < e->list.n && s == SC_OK; i++)
+                if ((s = sci_comm_check_usable(objs[i], fn)) != SC_OK)
+                    sci_error_append(": it is used by %s; nothing was launched", owner);
+            if (s == SC_OK)
+                s = launch_checked(e, st, objs, acc, fn);
             release_all(objs, e->list.n);
         }
     }

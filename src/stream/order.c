@@ -250,6 +250,164 @@ sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
     return s;
 }
 
+/* ---- accesses of work enqueued together on several streams ------------------------------ */
+
+static int by_owner(const void *a, const void *b)
+{
+    uint64_t x = (*(sci_tracker *const *)a)->owner_id, y = (*(sci_tracker *const *)b)->owner_id;
+    return x < y ? -1 : x > y;
+}
+
+static int by_capture(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const sci_access_set *)a)->cap;
+    uintptr_t y = (uintptr_t)((const sci_access_set *)b)->cap;
+    return x < y ? -1 : x > y;
+}
+
+/* The trackers of the sets that do not capture, sorted by owner (malloc'd; NULL with *n 0
+ * when there are none). */
+static sc_status gather(sci_access_set *sets, size_t n_sets, const char *fn, sci_tracker ***out,
+                        size_t *n)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n_sets; i++)
+        if (!sets[i].cap)
+            total += sets[i].n;
+    *out = NULL;
+    *n = 0;
+    if (total == 0)
+        return SC_OK;
+    sci_tracker **all = malloc(total * sizeof *all);
+    if (!all)
+        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n_sets; i++)
+        for (size_t j = 0; j < sets[i].n && !sets[i].cap; j++)
+            all[k++] = sets[i].acc[j].tracker;
+    qsort(all, k, sizeof *all, by_owner);
+    size_t m = 0; /* (a tracker in two sets is the caller's bug: locked once anyway) */
+    for (size_t i = 0; i < k; i++)
+        if (m == 0 || all[m - 1] != all[i])
+            all[m++] = all[i];
+    *out = all;
+    *n = m;
+    return SC_OK;
+}
+
+static void unlock_all(sci_tracker **all, size_t n)
+{
+    for (size_t i = n; i-- > 0;)
+        pthread_mutex_unlock(&all[i]->lock);
+}
+
+sc_status sci_access_begin_sets(sci_access_set *sets, size_t n_sets, const char *fn)
+{
+    for (size_t i = 0; i < n_sets; i++) {
+        sets[i].cap = NULL;
+        sort_and_merge(sets[i].acc, &sets[i].n);
+        for (size_t j = 0; j < sets[i].n; j++)
+            if ((sets[i].acc[j].mode & SCI_WRITE) && sets[i].acc[j].tracker->read_only) {
+                char desc[240] = "an object";
+                sci_tracker *t = sets[i].acc[j].tracker;
+                if (t->describe)
+                    t->describe(t, desc, sizeof desc);
+                return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                                "%s is read-only (borrowed or imported read-only): it can't be "
+                                "written",
+                                desc);
+            }
+    }
+    for (size_t i = 0; i < n_sets; i++)
+        sets[i].cap = sci_stream_capture(sets[i].stream);
+    /* Captures in one order (each lock once: two streams of one capture are refused). */
+    qsort(sets, n_sets, sizeof *sets, by_capture);
+    sc_status s = SC_OK;
+    for (size_t i = 1; i < n_sets && s == SC_OK; i++)
+        if (sets[i].cap && sets[i].cap == sets[i - 1].cap)
+            s = sci_fail(SC_ERR_CAPTURE, fn,
+                         "streams '%s' and '%s' take part in one capture: work enqueued "
+                         "together must use one stream of a capture",
+                         sets[i - 1].stream->obj.label, sets[i].stream->obj.label);
+    sci_tracker **all = NULL;
+    size_t n_all = 0;
+    if (s == SC_OK)
+        s = gather(sets, n_sets, fn, &all, &n_all);
+    if (s != SC_OK) {
+        for (size_t i = 0; i < n_sets; i++) {
+            sci_capture_put(sets[i].cap);
+            sets[i].cap = NULL;
+        }
+        return s;
+    }
+    for (size_t i = 0; i < n_all; i++)
+        pthread_mutex_lock(&all[i]->lock);
+    for (size_t i = 0; i < n_sets && s == SC_OK; i++)
+        for (size_t j = 0; j < sets[i].n && s == SC_OK && !sets[i].cap &&
+                           sets[i].stream->ctx->tracking;
+             j++)
+            s = order_access(sets[i].acc[j].tracker, sets[i].acc[j].mode, sets[i].stream, fn);
+    size_t begun = 0;
+    for (; begun < n_sets && s == SC_OK; begun++)
+        if (sets[begun].cap)
+            s = sci_capture_access_begin(sets[begun].cap, sets[begun].acc, sets[begun].n,
+                                         sets[begun].stream, sets[begun].stream->ctx->tracking,
+                                         fn);
+    if (s != SC_OK) {
+        /* The failed capture's begin unlocked it; the ones before it are ended unused. */
+        for (size_t i = 0; i + 1 < begun; i++)
+            if (sets[i].cap)
+                sci_capture_access_end(sets[i].cap, sets[i].acc, sets[i].n, sets[i].stream,
+                                       false);
+        for (size_t i = 0; i < n_sets; i++) {
+            sci_capture_put(sets[i].cap);
+            sets[i].cap = NULL;
+        }
+        unlock_all(all, n_all);
+    }
+    free(all);
+    return s;
+}
+
+sc_status sci_access_end_sets(sci_access_set *sets, size_t n_sets, bool enqueued,
+                              const char *fn)
+{
+    sc_status s = SC_OK;
+    for (size_t i = 0; i < n_sets; i++) {
+        if (sets[i].cap)
+            continue;
+        for (size_t j = 0; j < sets[i].n && enqueued; j++) {
+            sc_status r = record(sets[i].acc[j].tracker, sets[i].acc[j].mode, sets[i].stream,
+                                 fn);
+            if (s == SC_OK)
+                s = r;
+        }
+        if (enqueued && sets[i].stream->wrapped && sets[i].n && !defer_marks) {
+            sc_status r = sci_stream_mark_wrapped(sets[i].stream, fn);
+            if (s == SC_OK)
+                s = r;
+        }
+    }
+    sci_tracker **all = NULL;
+    size_t n_all = 0;
+    if (gather(sets, n_sets, fn, &all, &n_all) != SC_OK) {
+        /* No memory for the list: unlock set by set (each tracker is in one set). */
+        for (size_t i = 0; i < n_sets; i++)
+            for (size_t j = 0; j < sets[i].n && !sets[i].cap; j++)
+                pthread_mutex_unlock(&sets[i].acc[j].tracker->lock);
+    }
+    unlock_all(all, n_all);
+    free(all);
+    for (size_t i = 0; i < n_sets; i++) {
+        if (!sets[i].cap)
+            continue;
+        sci_capture_access_end(sets[i].cap, sets[i].acc, sets[i].n, sets[i].stream, enqueued);
+        sci_capture_put(sets[i].cap);
+        sets[i].cap = NULL;
+    }
+    return s;
+}
+
 uint64_t sci_tracker_last_stream(const sci_tracker *t)
 {
     if (t->write.stream_id)

@@ -69,6 +69,25 @@ sc_status sci_access_begin(sci_access *acc, size_t n, sci_stream *stream, bool o
 sc_status sci_access_end(sci_access *acc, size_t n, sci_stream *stream,
                          struct sci_capture *cap, bool enqueued, const char *fn);
 
+/* The accesses of work enqueued together on several streams by one call (a group of
+ * collectives over several devices, which the communication library enqueues at its end):
+ * one set per stream, each tracker in one set only (the caller's rule: the streams' work
+ * runs concurrently, so one object in two sets would race). sci_access_begin_sets locks the
+ * trackers of all sets in one order (owner ids), orders each set on its stream as
+ * sci_access_begin does, and for a set whose stream captures, orders it inside its capture
+ * (sets[i].cap; two streams of one capture are refused with SC_ERR_CAPTURE). The sets may be
+ * reordered. On failure nothing stays locked. sci_access_end_sets records the uses (when
+ * enqueued) and unlocks, as sci_access_end does. */
+typedef struct sci_access_set {
+    sci_access *acc;
+    size_t n;
+    sci_stream *stream;
+    struct sci_capture *cap; /* set by sci_access_begin_sets */
+} sci_access_set;
+sc_status sci_access_begin_sets(sci_access_set *sets, size_t n_sets, const char *fn);
+sc_status sci_access_end_sets(sci_access_set *sets, size_t n_sets, bool enqueued,
+                              const char *fn);
+
 /* While on, the calling thread's operations on wrapped streams do not record the stream's
  * point after each one (sci_access_end): a composite operation (an MoE forward, a dozen
  * launches) records it once at its end with sci_stream_mark_wrapped instead. */

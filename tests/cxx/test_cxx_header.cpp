@@ -5,6 +5,7 @@
 #include <safecuda/moe.h>
 #include <safecuda/quant.h>
 #include <safecuda/interop.h>
+#include <safecuda/comm.h>
 
 #include <cstdio>
 #include <cstring>

@@ -40,6 +40,29 @@ static void test_info_without_driver(void)
     CHECK_OUT("\"error\": \"SC_ERR_NO_DRIVER\"");
     CHECK_OUT("\"nvrtc_version\": null");
     CHECK_OUT("\"nvrtc_error\": \"sc_compiler_version: cannot load NVRTC from SAFECUDA_NVRTC=");
+
+    /* NCCL: where it was found, or why not, with or without a driver. */
+    CHECK_RC(runf(ENV "SAFECUDA_LIBNCCL=/nonexistent/libnccl.so.2 '%s' info 2>&1", SAFECUDA_CLI),
+             2);
+    CHECK_OUT("NCCL:    not available (sc_comm_library_version: cannot use NCCL from "
+              "SAFECUDA_LIBNCCL=/nonexistent/libnccl.so.2: ");
+    CHECK_RC(runf(ENV "SAFECUDA_LIBNCCL=/nonexistent/libnccl.so.2 '%s' info --json 2>/dev/null",
+                  SAFECUDA_CLI),
+             2);
+    CHECK_OUT("\"nccl_version\": null,\n  \"nccl_error\": \"sc_comm_library_version: cannot use "
+              "NCCL from SAFECUDA_LIBNCCL=/nonexistent/libnccl.so.2: ");
+    CHECK_RC(runf(ENV "SAFECUDA_LIBNCCL='%s' '%s' info 2>&1", SAFECUDA_NCCLFAULT_LIB,
+                  SAFECUDA_CLI),
+             2);
+    char want[1200];
+    snprintf(want, sizeof want, "NCCL:    2.28.9 (%s)\n", SAFECUDA_NCCLFAULT_LIB);
+    CHECK_OUT(want);
+    CHECK_RC(runf(ENV "SAFECUDA_LIBNCCL='%s' '%s' info --json 2>/dev/null",
+                  SAFECUDA_NCCLFAULT_LIB, SAFECUDA_CLI),
+             2);
+    snprintf(want, sizeof want, "\"nccl_version\": \"2.28.9\",\n  \"nccl_path\": \"%s\"",
+             SAFECUDA_NCCLFAULT_LIB);
+    CHECK_OUT(want);
 }
 
 /* The one table of exit statuses, in every command's help, and what the statuses are: a

@@ -40,7 +40,8 @@ set(skipped "")
 # check(prefix libdir name): the files are there, then every consumer builds and runs.
 function(check prefix libdir name)
   set(work ${WORK_DIR}/use-${name})
-  foreach(f include/safecuda.h include/safecuda/moe.h include/safecuda/quant.h bin/safecuda
+  foreach(f include/safecuda.h include/safecuda/moe.h include/safecuda/quant.h
+            include/safecuda/comm.h bin/safecuda
             ${libdir}/pkgconfig/safecuda.pc ${libdir}/cmake/safecuda/safecudaConfig.cmake
             ${libdir}/libsafecuda.a ${libdir}/libsafecuda.so
             ${libdir}/libsafecuda_testdevice.so)

@@ -126,16 +126,18 @@ int main(void)
                 "the test device's compute capability, written 90 or 9.0: major 5 .. 12, "
                 "minor 0 .. 9 (default 90)");
 
-    /* Devices: the test device is one device, or none. */
+    /* Devices: none, one (the default) or up to 8 sharing one context and one memory. */
     o = try_setting("SAFECUDA_TESTDEVICE_DEVICES", "0");
     CHECK(o.init == SC_OK && o.devices == 0); /* a driver that sees no device */
     o = try_setting("SAFECUDA_TESTDEVICE_DEVICES", "1");
     CHECK(o.init == SC_OK && o.devices == 1);
-    static const char *const bad_devices[] = {"2", "8", "-1", "one", "01x"};
+    o = try_setting("SAFECUDA_TESTDEVICE_DEVICES", "8");
+    CHECK(o.init == SC_OK && o.devices == 8);
+    static const char *const bad_devices[] = {"9", "-1", "one", "01x", "100"};
     for (size_t i = 0; i < sizeof bad_devices / sizeof *bad_devices; i++)
         refused("SAFECUDA_TESTDEVICE_DEVICES", bad_devices[i],
-                "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) or 1 (the default); the "
-                "test device models one device");
+                "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) to 8 (the default is 1); "
+                "several devices share one primary context and one memory");
 
     /* Driver versions: 12000 .. 13000. */
     o = try_setting("SAFECUDA_TESTDEVICE_DRIVER_VERSION", "12030");
