@@ -24,6 +24,7 @@ from ._core import (Arg, Buffer, Bytes, Context, Event, In, InOut, Out, Stream, 
                     device_info, device_memory, driver_path, driver_version, f32, f64, i32,
                     i64, init, set_log_callback, status_name, u32, u64, version)
 from ._launch import Kernel, Module, Program  # noqa: E402
+from ._comm import Comm, ReduceOp  # noqa: E402
 from ._moe import MoE  # noqa: E402
 from ._tensor_map import TensorMap, TensorMapIn, TensorMapOut  # noqa: E402
 from ._quant import (dequantize_fp8_blocks, dequantize_fp8_tokens,  # noqa: E402
@@ -39,8 +40,9 @@ del _cls
 _ERROR_NAMES = [c.__name__ for c in ERROR_CLASSES.values()]
 
 __all__ = [
-    "Arg", "Buffer", "Bytes", "Context", "DType", "Event", "In", "InOut", "Kernel",
-    "MissingSymbolError", "MoE", "Module", "Out", "Program", "SafecudaError", "Status",
+    "Arg", "Buffer", "Bytes", "Comm", "Context", "DType", "Event", "In", "InOut", "Kernel",
+    "MissingSymbolError", "MoE", "Module", "Out", "Program", "ReduceOp", "SafecudaError",
+    "Status",
     "Stream", "TensorMap", "TensorMapIn", "TensorMapOut", "View", "as_dtype",
     "compiler_path", "compiler_version", "default_context", "dequantize_fp8_blocks",
     "dequantize_fp8_tokens", "device_count", "device_info", "device_memory", "driver_path",

@@ -321,6 +321,30 @@ class sc_borrow_desc(Structure):
                 ("release_user", c_void_p)]
 
 
+# comm.h
+SC_COMM_ID_BYTES = 128
+SC_COMM_DEFAULT_TIMEOUT_MS = 600000
+
+
+class sc_comm_id(Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * SC_COMM_ID_BYTES)]
+
+
+class sc_comm_desc(Structure):
+    _fields_ = [("unique_id", sc_comm_id), ("nranks", c_int), ("rank", c_int),
+                ("timeout_ms", c_uint32), ("label", c_char_p)]
+
+
+class sc_comm_all_desc(Structure):
+    _fields_ = [("timeout_ms", c_uint32), ("label", c_char_p)]
+
+
+class sc_comm_props(Structure):
+    _fields_ = [("rank", c_int), ("nranks", c_int), ("device", c_int), ("timeout_ms", c_uint32),
+                ("context", c_uint64), ("label", c_char * 64), ("file", c_char_p),
+                ("line", c_int), ("aborted", c_bool)]
+
+
 class sc_buffer_origin(Structure):
     _fields_ = [("borrowed", c_bool), ("read_only", c_bool), ("exports", c_uint32)]
 
@@ -474,6 +498,26 @@ SIGNATURES = {
     "sc_view_to_dlpack_at": (S, [sc_view, P(sc_dlpack_export_desc),
                                  P(P(DLManagedTensorVersioned)), *site]),
     "sc_dtype_to_dlpack": (S, [c_int, P(DLDataType)]),
+    # comm.h
+    "sc_comm_library_version": (S, [P(c_int)]),
+    "sc_comm_library_path": (S, [c_char_p, c_size_t]),
+    "sc_comm_unique_id": (S, [P(sc_comm_id)]),
+    "sc_comm_create_at": (S, [H, P(sc_comm_desc), u64p, *site]),
+    "sc_comm_create_all_at": (S, [u64p, c_int, P(sc_comm_all_desc), u64p, *site]),
+    "sc_comm_destroy": (S, [H]),
+    "sc_comm_abort": (S, [H]),
+    "sc_comm_info": (S, [H, P(sc_comm_props)]),
+    "sc_comm_synchronize": (S, [H]),
+    "sc_comm_query": (S, [H]),
+    "sc_comm_all_reduce": (S, [H, H, sc_view, sc_view, c_int]),
+    "sc_comm_reduce_scatter": (S, [H, H, sc_view, sc_view, c_int]),
+    "sc_comm_all_gather": (S, [H, H, sc_view, sc_view]),
+    "sc_comm_all_to_all": (S, [H, H, sc_view, sc_view]),
+    "sc_comm_all_to_all_v": (S, [H, H, sc_view, u64p, u64p, sc_view, u64p, u64p]),
+    "sc_comm_send": (S, [H, H, sc_view, c_int]),
+    "sc_comm_recv": (S, [H, H, sc_view, c_int]),
+    "sc_comm_group_begin": (S, []),
+    "sc_comm_group_end": (S, []),
     "sc_dtype_from_dlpack": (S, [DLDataType, P(c_int)]),
 }
 
