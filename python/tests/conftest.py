@@ -6,7 +6,10 @@ three kinds of tests run in different processes:
 - tests marked `testdevice` run on the test device (libsafecuda_testdevice.so: host memory,
   kernels never run): the first one of a file starts one child pytest over that file's
   testdevice tests with SAFECUDA_DEVICE=test, and each test reports the child's result
-  for itself (pass, fail with the child's report, skip with its reason);
+  for itself (pass, fail with the child's report, skip with its reason). The marker's
+  `env` (a dict, or a callable giving one, called once in this process when the child
+  starts) adds to the child's environment: pytest.mark.testdevice(env=...) on a file's
+  tests (the first test's is the file's);
 - tests marked `gpu` run in this process on the real driver, and skip (saying why) where
   there is no driver, no GPU, or no torch for the torch tests; with SAFECUDA_REQUIRE_GPU=1
   (scripts/gpu-check on a machine with a GPU) those reasons fail the test instead;
@@ -49,13 +52,14 @@ def pytest_configure(config):
 _child_runs = {}
 
 
-def _child_results(path):
+def _child_results(path, extra_env=None):
     key = str(path)
     if key in _child_runs:
         return _child_runs[key]
     fd, xml = tempfile.mkstemp(suffix=".xml", prefix="safecuda-testdevice-")
     os.close(fd)
-    env = _child_env({"SAFECUDA_DEVICE": "test", "SAFECUDA_PYTEST_INNER": "1"})
+    extra = extra_env() if callable(extra_env) else dict(extra_env or {})
+    env = _child_env({"SAFECUDA_DEVICE": "test", "SAFECUDA_PYTEST_INNER": "1", **extra})
     env.pop("SAFECUDA_LIBCUDA", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "testdevice",
            f"--junitxml={xml}", "-o", "junit_family=xunit1", key]
@@ -100,7 +104,9 @@ class ChildResult(pytest.Item):
         self.test_path = test_path
 
     def runtest(self):
-        results, output = _child_results(self.test_path)
+        marker = self.get_closest_marker("testdevice")
+        env = marker.kwargs.get("env") if marker is not None else None
+        results, output = _child_results(self.test_path, env)
         r = results.get(self.name)
         if r is None:
             pytest.fail(f"the test-device child run gave no result for {self.name}; its "
