@@ -21,7 +21,8 @@ from safecuda import _lib
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INCLUDE = os.path.join(ROOT, "include")
 HEADERS = [os.path.join(INCLUDE, "safecuda.h"), os.path.join(INCLUDE, "safecuda", "moe.h"),
-           os.path.join(INCLUDE, "safecuda", "quant.h")]
+           os.path.join(INCLUDE, "safecuda", "quant.h"),
+           os.path.join(INCLUDE, "safecuda", "comm.h")]
 
 # The structs checked: (C name, header, ctypes class).
 STRUCTS = [
@@ -31,15 +32,20 @@ STRUCTS = [
     ("sc_moe_forward_desc", "moe.h", _lib.sc_moe_forward_desc),
     ("sc_tensor_map_desc", "safecuda.h", _lib.sc_tensor_map_desc),
     ("sc_quant_desc", "quant.h", _lib.sc_quant_desc),
+    ("sc_comm_id", "comm.h", _lib.sc_comm_id),
+    ("sc_comm_desc", "comm.h", _lib.sc_comm_desc),
+    ("sc_comm_all_desc", "comm.h", _lib.sc_comm_all_desc),
+    ("sc_comm_props", "comm.h", _lib.sc_comm_props),
 ]
 
 # Sizes and alignments of the C types these structs use (LP64; enums are int-sized).
-SCALARS = {"int": (4, 4), "float": (4, 4), "bool": (1, 1), "uint64_t": (8, 8),
+SCALARS = {"char": (1, 1), "unsigned char": (1, 1), "int": (4, 4), "float": (4, 4),
+           "bool": (1, 1), "uint64_t": (8, 8),
            "uint32_t": (4, 4), "int64_t": (8, 8), "double": (8, 8)}
 ENUMS = {"sc_dtype", "sc_moe_scoring", "sc_moe_backend", "sc_moe_activation",
          "sc_moe_w13_layout", "sc_tensor_swizzle", "sc_tensor_oob_fill",
          "sc_tensor_l2_promotion"}
-HANDLES = {"sc_buffer", "sc_context", "sc_stream", "sc_moe"}  # struct { uint64_t id; }
+HANDLES = {"sc_buffer", "sc_context", "sc_stream", "sc_moe", "sc_comm"}  # struct { uint64_t id; }
 
 
 def _header_text(name):
@@ -78,7 +84,7 @@ def header_fields(struct, header):
         decl = " ".join(decl.split())
         if not decl:
             continue
-        dm = re.match(r"((?:const\s+)?\w+)\s+(.*)$", decl)
+        dm = re.match(r"((?:const\s+)?(?:unsigned\s+)?\w+)\s+(.*)$", decl)
         assert dm, f"{struct}: can't read the declaration {decl!r}"
         ctype = dm.group(1).replace("const ", "")
         for item in dm.group(2).split(","):
@@ -188,7 +194,8 @@ def test_layout_compiled_by_a_c_compiler():
         if not os.path.exists(p):
             pytest.skip(f"the C headers are not beside the tests ({p})")
     lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "safecuda/moe.h"',
-             '#include "safecuda/quant.h"', "int main(void) {"]
+             '#include "safecuda/quant.h"', '#include "safecuda/comm.h"',
+             "int main(void) {"]
     for struct, _, cls in STRUCTS + [("sc_tensor_map", "safecuda.h", _lib.sc_tensor_map)]:
         lines.append(f'    printf("{struct} sizeof %zu\\n", sizeof({struct}));')
         for name, _ in cls._fields_:
