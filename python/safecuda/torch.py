@@ -23,6 +23,10 @@
         declared mutated)
 - from_transformers(block), patch_model(model), unpatch_model(model), moe_spec(block):
   the layer in a Hugging Face transformers model (safecuda/_hf.py).
+- Comm.from_process_group(pg): a communicator (safecuda.Comm) for this rank of a
+  torch.distributed process group, its collectives on torch CUDA tensors on torch's current
+  stream (all_reduce, reduce_scatter, all_gather, all_to_all, all_to_all_v with split
+  sizes, send, recv; safecuda/_torch_comm.py).
 - as_buffer(tensor) / as_tensor(view): zero-copy exchange of CUDA memory both ways (fp8
   too: torch.float8_e4m3fn <-> f8e4m3, torch.float8_e5m2 <-> f8e5m2, carried as uint8
   bits through DLPack, which many torch versions refuse for fp8); torch_dtype(dtype):
@@ -65,7 +69,7 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"safecuda.torch needs torch >= 2.4 (torch.library.custom_op); this is "
                       f"torch {torch.__version__}")
 
-__all__ = ["MoE", "MoESpec", "PatchReport", "TransformersMoE", "UnsupportedBlockError",
+__all__ = ["Comm", "MoE", "MoESpec", "PatchReport", "TransformersMoE", "UnsupportedBlockError",
            "as_buffer", "as_tensor", "from_transformers", "moe", "moe_accumulate", "moe_route",
            "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "torch_dtype",
            "unpatch_model"]
@@ -804,3 +808,6 @@ from ._hf import (MoESpec, PatchReport, UnsupportedBlockError, from_transformers
                   layer_class as _hf_layer_class, moe_spec, patch_model, unpatch_model)
 
 TransformersMoE = _hf_layer_class()
+
+# Communicators over torch tensors (_torch_comm.py).
+from ._torch_comm import Comm  # noqa: E402

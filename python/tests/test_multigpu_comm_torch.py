@@ -1,0 +1,110 @@
+"""safecuda.torch.Comm on 2 GPUs: two processes (torch.multiprocessing spawn, a gloo process
+group for the id, NCCL_NVLS_ENABLE=0), Comm.from_process_group, all_reduce and all_to_all_v
+on bf16 and f32 CUDA tensors against torch's own results (float64 on the CPU, and
+torch.distributed over the same group).
+
+Not a test_gpu*.py file: the one-GPU check (scripts/gpu-check) collects it and it skips
+there (fewer than 2 GPUs). scripts/gpu-check --gpus N runs it with
+SAFECUDA_REQUIRE_GPUS=2, where a skip fails instead:
+    SAFECUDA_REQUIRE_GPUS=2 python3 -m pytest python/tests/test_multigpu_comm_torch.py
+"""
+
+import os
+import socket
+
+import pytest
+
+NRANKS = 2
+
+
+def _skip(reason):
+    if int(os.environ.get("SAFECUDA_REQUIRE_GPUS", "0") or 0) >= NRANKS:
+        pytest.fail(f"SAFECUDA_REQUIRE_GPUS={os.environ['SAFECUDA_REQUIRE_GPUS']} but: "
+                    f"{reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, port, errors):
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    import torch
+    import torch.distributed as dist
+
+    import safecuda.torch as sct
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=NRANKS)
+        comm = sct.Comm.from_process_group(timeout_ms=120000)
+        assert (comm.rank, comm.nranks) == (rank, NRANKS)
+        assert comm.info().device == rank
+        dev = torch.device("cuda", rank)
+        g = torch.Generator().manual_seed(1234)  # every rank draws every rank's inputs
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            # all_reduce: against the float64 sum of every rank's input
+            inputs = [torch.randn(3, 1000, generator=g).to(dtype) for _ in range(NRANKS)]
+            x = inputs[rank].to(dev)
+            comm.all_reduce(x)
+            want = sum(t.double() for t in inputs)
+            torch.testing.assert_close(x.double().cpu(), want.to(dtype).double(), rtol=tol,
+                                       atol=tol)
+            # max, against torch.distributed's own over the same group (gloo: on the CPU)
+            y = inputs[rank].to(dev)
+            comm.all_reduce(y, op="max")
+            ref = inputs[rank].float().clone()
+            dist.all_reduce(ref, op=dist.ReduceOp.MAX)
+            assert torch.equal(y.float().cpu(), ref)
+
+            # all_to_all_v: rank s sends counts[s][d] rows of 64 to rank d
+            counts = torch.randint(0, 7, (NRANKS, NRANKS), generator=g)
+            counts[0, 1] = 0
+            sends = [torch.randn(int(counts[s].sum()), 64, generator=g).to(dtype)
+                     for s in range(NRANKS)]
+            inp = sends[rank].to(dev)
+            out = torch.full((int(counts[:, rank].sum()), 64), float("nan"), dtype=dtype,
+                             device=dev)
+            comm.all_to_all_v(out, inp, counts[:, rank].tolist(), counts[rank].tolist())
+            parts = []
+            for s in range(NRANKS):
+                off = int(counts[s, :rank].sum())
+                parts.append(sends[s][off:off + int(counts[s, rank])])
+            assert torch.equal(out.cpu(), torch.cat(parts))
+            # and torch.distributed's all_to_all_single over the same group, on the CPU
+            ref = torch.empty(out.shape, dtype=torch.float32)
+            dist.all_to_all_single(ref, sends[rank].float(), counts[:, rank].tolist(),
+                                   counts[rank].tolist())
+            assert torch.equal(out.float().cpu(), ref)
+        comm.synchronize()
+        comm.close()
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        import traceback
+        errors.put(f"rank {rank}: {exc!r}\n{traceback.format_exc()}")
+
+
+@pytest.mark.gpu
+def test_comm_from_process_group_on_two_gpus():
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError as exc:
+        _skip(f"torch is not installed ({exc})")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < NRANKS:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _skip(f"needs {NRANKS} GPUs; torch sees {n}")
+    import torch.distributed as dist
+    if not dist.is_available():
+        _skip("torch.distributed is not available in this torch")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    mp.spawn(_worker, args=(_free_port(), errors), nprocs=NRANKS, join=True)
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    assert not msgs, "\n".join(msgs)
