@@ -29,7 +29,9 @@
  *   within 128 bytes, so that every copy stays 128-byte aligned; SAFECUDA_MOE_KSHIFT=0 turns
  *   it off; the sums then split K elsewhere than for the same weights 128-byte aligned, so
  *   the two agree to rounding, not bitwise);
- * - out += layer(x) (the residual add in the same pass). */
+ * - out += layer(x) (the residual add in the same pass);
+ * - tensor parallelism over several GPUs: each rank a layer over its shard of I, the partial
+ *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md). */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
 
