@@ -29,11 +29,14 @@
  *   within 128 bytes, so that every copy stays 128-byte aligned; SAFECUDA_MOE_KSHIFT=0 turns
  *   it off; the sums then split K elsewhere than for the same weights 128-byte aligned, so
  *   the two agree to rounding, not bitwise);
- * - out += layer(x) (the residual add in the same pass). */
+ * - out += layer(x) (the residual add in the same pass);
+ * - tensor parallelism over several GPUs: each rank a layer over its shard of I, the partial
+ *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md). */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
 
 #include "../safecuda.h"
+#include "comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -132,6 +135,39 @@ typedef struct sc_moe_desc {
      * bf16 experts (then no scale may be given). */
     sc_dtype expert_dtype;
     sc_view w13_scale, w2_scale, shared_w13_scale, shared_w2_scale;
+    /* ---- tensor parallelism (docs/MULTI_GPU.md) ----
+     * tp_comm: this rank's communicator of a tensor-parallel group of N >= 2 GPUs (zero: a
+     * layer on one GPU). Every rank makes a layer over its shard of the experts'
+     * intermediate dimension (the checkpoints' split of I), and the desc describes the
+     * shard: intermediate is I / N (the rank's, checked like any I: a multiple of 8, of 128
+     * for fp8 experts), shared_intermediate I_s / N, and the weights are an ordinary layer's
+     * of that size:
+     *   w13 [E, 2 I/N, H]: the rank's gate rows [r I/N, (r+1) I/N) and the same up rows, in
+     *     w13_layout (stacked: those gate rows, then those up rows; interleaved: rows
+     *     [2 r I/N, 2 (r+1) I/N) of the full interleaved W13); w13_bias [E, 2 I/N] likewise;
+     *   w2 [E, H, I/N]: columns [r I/N, (r+1) I/N) of each row;
+     *   shared_w13 [2 I_s/N, H], shared_w2 [H, I_s/N] likewise;
+     *   fp8 scales of the shards' blocks: w13_scale [E, 2 (I/N)/128, H/128], w2_scale
+     *     [E, H/128, (I/N)/128], and the shared expert's likewise.
+     * Replicated (the full tensors, the same on every rank): the router, selection_bias,
+     * router_bias, shared_gate and w2_bias. Routing runs on every rank, identically (the same
+     * x, weights and kernels give the same bits), so every rank computes its shard of every
+     * chosen expert. w2_bias (added once to each expert's output) is added on rank 0 only:
+     * other ranks need not give it (one given there is checked, then unused).
+     * Each forward computes the rank's partial output, then all-reduces it (sum, in bf16,
+     * in place in out: what vLLM does) over tp_comm on the forward's stream, so every rank's
+     * out holds the layer's output. The partials are rounded to bf16 before the sum: the
+     * result agrees with the one-GPU layer over the full weights to about N bf16 roundings.
+     * With opts->accumulate, rank 0 adds the residual (out += partial) and the other ranks
+     * write their partial over out, so the residual is counted once: every rank must give
+     * the same out contents (the residual stream, replicated as in any TP model).
+     * The communicator must be of the layer's context and alive; the layer keeps its handle
+     * (not a reference): destroy the layer before the communicator; a forward after the
+     * communicator was destroyed is SC_ERR_STALE_HANDLE, after it was aborted SC_ERR_COMM,
+     * before anything is enqueued. Every rank must make the same forwards in the same order
+     * (each is a collective: comm.h's rules, groups and threads, apply); in a stream capture
+     * the all-reduce is captured with the kernels. sc_moe_route makes no collective. */
+    sc_comm tp_comm;
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
@@ -139,7 +175,8 @@ typedef struct sc_moe_desc {
  * Compiles the MoE kernels on first use (cached on disk). Statuses, besides those every
  * function may return (safecuda.h):
  *   SC_ERR_INVALID_ARGUMENT  a desc field out of range or a combination the layer does not
- *                            compute (the message names the field), a weight of the wrong
+ *                            compute (the message names the field), a tp_comm of one rank,
+ *                            a weight of the wrong
  *                            element count, a view not 16-byte aligned, a weight given both
  *                            as a buffer and as a view, or neither;
  *   SC_ERR_TYPE_MISMATCH     a weight buffer of another dtype than desc->dtype (the experts'
@@ -149,6 +186,9 @@ typedef struct sc_moe_desc {
  *                            f8e4m3, a device older than sm_80, backend SM90 on a device
  *                            other than sm_90, or fp8 experts on the MMA backend or a device
  *                            other than sm_90;
+ *   SC_ERR_WRONG_CONTEXT     desc->tp_comm of another context than ctx;
+ *   SC_ERR_STALE_HANDLE      desc->tp_comm destroyed (or a weight buffer);
+ *   SC_ERR_COMM, SC_ERR_TIMEOUT  desc->tp_comm was aborted (its message);
  *   SC_ERR_NO_COMPILER, SC_ERR_COMPILE  the kernels can't be compiled (NVRTC missing);
  *   SC_ERR_OUT_OF_MEMORY, SC_ERR_BUDGET_EXCEEDED  the workspace does not fit. */
 SC_API sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
@@ -200,7 +240,9 @@ typedef struct sc_moe_forward_desc {
  * (by this forward or an earlier unchecked one); SC_ERR_STALE_HANDLE when a weight buffer
  * was destroyed;
  * SC_ERR_OUT_OF_MEMORY / SC_ERR_BUDGET_EXCEEDED when the workspace can't grow; the view
- * statuses of safecuda.h. Every check is made before anything is enqueued. */
+ * statuses of safecuda.h. A tensor-parallel layer (desc->tp_comm): SC_ERR_STALE_HANDLE when
+ * its communicator was destroyed, SC_ERR_COMM / SC_ERR_TIMEOUT when it was aborted, and the
+ * statuses of sc_comm_all_reduce. Every check is made before anything is enqueued. */
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
 

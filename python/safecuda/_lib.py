@@ -278,7 +278,9 @@ class sc_moe_desc(Structure):
                 ("shared_gate", sc_view),
                 # fp8 experts: their dtype and the checkpoints' 128 x 128 block scales
                 ("expert_dtype", c_int), ("w13_scale", sc_view), ("w2_scale", sc_view),
-                ("shared_w13_scale", sc_view), ("shared_w2_scale", sc_view)]
+                ("shared_w13_scale", sc_view), ("shared_w2_scale", sc_view),
+                # tensor parallelism: the rank's communicator (0: none)
+                ("tp_comm", c_uint64)]
 
 
 SC_MOE_SOFTMAX, SC_MOE_SIGMOID = 0, 1

@@ -158,10 +158,12 @@ def test_size_and_offsets_match_the_header(struct, header, cls, layouts):
 def test_moe_desc_size_as_the_header_declares_it(layouts):
     # The desc: 14 v1 fields, then routing, experts, 4 weight views, 3 biases, the shared
     # expert (ending at 360), then the fp8 experts' dtype (at 360) and 4 scale views (368,
-    # 392, 416, 440): 464 bytes on LP64 (a short Python struct would end at the v1 88, or
-    # the v2 360, and the library would read past it).
-    assert layouts["sc_moe_desc"][0] == 464
-    assert ctypes.sizeof(_lib.sc_moe_desc) == 464
+    # 392, 416, 440), then the tensor-parallel communicator (at 464): 472 bytes on LP64 (a
+    # short Python struct would end at the v1 88, the v2 360 or the fp8 464, and the library
+    # would read past it).
+    assert layouts["sc_moe_desc"][0] == 472
+    assert ctypes.sizeof(_lib.sc_moe_desc) == 472
+    assert layouts["sc_moe_desc"][2]["tp_comm"] == 464
     offsets = layouts["sc_moe_desc"][2]
     assert [offsets[f] for f in ("expert_dtype", "w13_scale", "w2_scale", "shared_w13_scale",
                                  "shared_w2_scale")] == [360, 368, 392, 416, 440]

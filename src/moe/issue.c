@@ -6,6 +6,7 @@
 #include "../../kernels/moe/moe_config.cuh"
 #include "memory/buffer.h"
 #include "moe/issue.h"
+#include "moe/tp.h"
 
 static sc_status step(sci_moe_steps *st, const char *name)
 {
@@ -429,6 +430,8 @@ sc_status sci_moe_issue(forward *f, const sc_moe_forward_desc *opts)
         s = issue_gemms(f);
     if (s == SC_OK)
         s = issue_combine(f, opts);
+    if (s == SC_OK && f->m->desc.tp_comm.id && (s = step(f->st, "tp all-reduce")) == SC_OK)
+        s = sci_moe_tp_reduce(&f->m->desc, f->stream, f->out);
     return s;
 }
 

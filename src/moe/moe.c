@@ -11,6 +11,7 @@
 #include "moe/issue.h"
 #include "moe/layer.h"
 #include "moe/plan.h"
+#include "moe/tp.h"
 #include "safecuda/moe.h"
 #include "stream/capture.h"
 
@@ -151,9 +152,14 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
         return s;
     s = sci_moe_resolve_backend(&d, c, fn);
+    int tp_rank = 0, tp_nranks = 1;
+    if (s == SC_OK)
+        s = sci_moe_tp_check(&d, c, fn, &tp_rank, &tp_nranks);
     sc_view wt[SCI_MOE_WT_COUNT];
     if (s == SC_OK)
         s = sci_moe_check_weights(&d, c, fn, wt);
+    if (s == SC_OK && tp_rank != 0) /* tensor parallel: the expert output bias on rank 0 only */
+        wt[SCI_MOE_WT_W2_BIAS] = (sc_view){{0}, 0, 0};
     sci_moe *m = NULL;
     if (s == SC_OK && !(m = calloc(1, sizeof *m)))
         s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
@@ -165,6 +171,8 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     m->desc = d;
     m->desc.label = NULL;
     memcpy(m->wt, wt, sizeof wt);
+    m->tp_rank = tp_rank;
+    m->tp_nranks = tp_nranks;
     m->cfg = sci_moe_layer_config(&d, c);
     pthread_mutex_init(&m->lock, NULL);
     s = load_kernels(m, fn);
@@ -537,14 +545,17 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sci_moe *m = (sci_moe *)obj;
     sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     sci_moe_plan plan;
+    /* Tensor parallel: the residual is added on rank 0 only (the others write their partial
+     * over out), and the all-reduce sums the partials. */
     sci_moe_fwd f = {.m = m, .p = &plan, .stream = stream, .st = &st,
-                 .accumulate = opts && opts->accumulate};
+                 .accumulate = opts && opts->accumulate && m->tp_rank == 0};
     uint64_t T = 0;
     sc_view rids, rweights;
     const bool caller = opts && opts->routing_ids.buffer.id;
     const bool waits = opts && (opts->profile || opts->check_routing);
     /* x, out and the options are checked before anything is enqueued (x's T first). */
-    if ((s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
+    if ((s = sci_moe_tp_ready(&m->desc, fn)) == SC_OK &&
+        (s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
         (s = check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
         (s = begin(m, stream, T, waits, caller, fn, &plan)) == SC_OK) {
         f.ids = caller ? rids : sc_view_of(m->ws[SCI_MOE_W_IDS]);

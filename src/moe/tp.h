@@ -1,0 +1,18 @@
+/* The MoE layer's tensor parallelism (internal; src/moe/tp.c): include/safecuda/moe.h's
+ * sc_moe_desc.tp_comm says what it computes. Each function does nothing without a tp_comm. */
+#ifndef SAFECUDA_MOE_TP_H
+#define SAFECUDA_MOE_TP_H
+
+#include "core/context.h"
+#include "safecuda/moe.h"
+
+/* At create: tp_comm alive, of ctx, of 2 or more ranks; its rank and size come back (0 and 1
+ * without one). */
+sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const char *fn,
+                           int *rank, int *nranks);
+/* Before a forward enqueues anything: tp_comm not destroyed, not aborted. */
+sc_status sci_moe_tp_ready(const sc_moe_desc *d, const char *fn);
+/* The all-reduce (sum) of out, in place, on stream. */
+sc_status sci_moe_tp_reduce(const sc_moe_desc *d, sc_stream stream, sc_view out);
+
+#endif

@@ -1,0 +1,388 @@
+/* The tensor-parallel MoE layer (sc_moe_desc.tp_comm) on 2 GPUs (and 4 when there are), one
+ * thread per rank: fresh random full weights, each rank's layer over its shard of I (the
+ * checkpoints' split, as moe.h describes it), against the one-GPU layer over the full weights
+ * on GPU 0 with the same x (the routing is the same: replicated router, same kernels): the
+ * relative L2 error of every rank's output within 1e-2 (the partials are rounded to bf16
+ * before the all-reduce), plain and accumulating (out = residual + layer(x): the residual
+ * counted once), and a stream capture of the forward replayed bit-identical to the eager
+ * forward. A DeepSeek-V3-like layer (sigmoid, grouped routing, selection bias, routed
+ * scaling, a shared expert) in bf16 and with fp8 experts (compute capability 9.0), and a
+ * gpt-oss-like one (interleaved W13, clamped SwiGLU, router, W13 and W2 biases). T = 1, 7,
+ * 129, 4096. Outputs poisoned first. Skipped (77) with fewer than 2 GPUs or without NCCL.
+ * --gpus N: N ranks only. */
+#include <math.h>
+#include <pthread.h>
+
+#include "../bf16.h"
+#include "../fp8.h"
+#include "../test.h"
+#include "safecuda/moe.h"
+
+#define MAX_RANKS 8
+
+typedef struct model {
+    const char *name;
+    int E, k, H, I, Is; /* full sizes */
+    bool fp8, interleaved, shared, gptoss;
+    /* host: bf16 (uint16_t) or e4m3 (uint8_t) experts; f32 biases and scales */
+    void *router, *w13, *w2, *sw13, *sw2;
+    float *sel, *rbias, *b13, *b2, *w13s, *w2s, *sw13s, *sw2s;
+} model;
+
+typedef struct layer_bufs {
+    sc_buffer b[14];
+    int n;
+    sc_moe layer;
+} layer_bufs;
+
+static uint64_t seed = 0x5eed;
+
+static float urand(void) { return (float)((double)(test_rand(&seed) >> 11) / 9007199254740992.0 * 2 - 1); }
+
+static void *bf16_random(size_t n, float scale)
+{
+    uint16_t *p = test_xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        p[i] = f2bf(urand() * scale);
+    return p;
+}
+
+static void *e4m3_random(size_t n)
+{
+    uint8_t *p = test_xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = f_to_e4m3(urand() * 448.0f);
+    return p;
+}
+
+static float *f32_random(size_t n, float lo, float hi)
+{
+    float *p = test_xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        p[i] = lo + (hi - lo) * (urand() + 1) / 2;
+    return p;
+}
+
+static void make_model(model *m)
+{
+    const size_t E = (size_t)m->E, H = (size_t)m->H, I = (size_t)m->I, Is = (size_t)m->Is;
+    const float s13 = 1.0f / sqrtf((float)H), s2 = 1.0f / sqrtf((float)I);
+    m->router = bf16_random(E * H, s13);
+    if (m->fp8) {
+        m->w13 = e4m3_random(E * 2 * I * H);
+        m->w2 = e4m3_random(E * H * I);
+        m->w13s = f32_random(E * (2 * I / 128) * (H / 128), 0.5f * s13 / 448, 1.5f * s13 / 448);
+        m->w2s = f32_random(E * (H / 128) * (I / 128), 0.5f * s2 / 448, 1.5f * s2 / 448);
+    } else {
+        m->w13 = bf16_random(E * 2 * I * H, s13);
+        m->w2 = bf16_random(E * H * I, s2);
+    }
+    if (m->shared) {
+        if (m->fp8) {
+            m->sw13 = e4m3_random(2 * Is * H);
+            m->sw2 = e4m3_random(H * Is);
+            m->sw13s = f32_random((2 * Is / 128) * (H / 128), 0.5f * s13 / 448, 1.5f * s13 / 448);
+            m->sw2s = f32_random((H / 128) * (Is / 128), 0.5f * s2 / 448, 1.5f * s2 / 448);
+        } else {
+            m->sw13 = bf16_random(2 * Is * H, s13);
+            m->sw2 = bf16_random(H * Is, s2);
+        }
+        m->sel = f32_random(E, -0.1f, 0.1f);
+    }
+    if (m->gptoss) {
+        m->rbias = f32_random(E, -0.5f, 0.5f);
+        m->b13 = f32_random(E * 2 * I, -0.5f, 0.5f);
+        m->b2 = f32_random(E * H, -0.5f, 0.5f);
+    }
+}
+
+static void free_model(model *m)
+{
+    void *all[] = {m->router, m->w13, m->w2, m->sw13, m->sw2, m->sel, m->rbias, m->b13,
+                   m->b2, m->w13s, m->w2s, m->sw13s, m->sw2s};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+/* Rank r's rows of a W13-like tensor: `outer` experts of 2 full rows each (full = I, or I/128
+ * for block scales), rank r's 2 sh of them in the layout, row_bytes each. */
+static void *shard_rows(const void *src, size_t outer, size_t full, size_t sh, int r,
+                        bool interleaved, size_t row_bytes)
+{
+    unsigned char *out = test_xmalloc(outer * 2 * sh * row_bytes);
+    const unsigned char *in = src;
+    for (size_t e = 0; e < outer; e++)
+        for (size_t j = 0; j < 2 * sh; j++) {
+            const size_t row = interleaved ? 2 * (size_t)r * sh + j
+                             : j < sh      ? (size_t)r * sh + j
+                                           : full + (size_t)r * sh + (j - sh);
+            memcpy(out + (e * 2 * sh + j) * row_bytes, in + (e * 2 * full + row) * row_bytes,
+                   row_bytes);
+        }
+    return out;
+}
+
+/* Rank r's columns [r sh, (r+1) sh) of `outer` rows of `full` elements of esize bytes. */
+static void *shard_cols(const void *src, size_t outer, size_t full, size_t sh, int r,
+                        size_t esize)
+{
+    unsigned char *out = test_xmalloc(outer * sh * esize);
+    const unsigned char *in = src;
+    for (size_t o = 0; o < outer; o++)
+        memcpy(out + o * sh * esize, in + (o * full + (size_t)r * sh) * esize, sh * esize);
+    return out;
+}
+
+static sc_view upload(sc_context ctx, layer_bufs *lb, sc_dtype t, const void *data, size_t count)
+{
+    sc_buffer b;
+    REQUIRE(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = t, .count = count}, &b) == SC_OK);
+    size_t esize = t == SC_BF16 ? 2 : t == SC_F32 ? 4 : 1;
+    REQUIRE(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(b), data, count * esize) == SC_OK);
+    lb->b[lb->n++] = b;
+    return sc_view_of(b);
+}
+
+/* The layer of rank r of n (n = 1: the full layer, no communicator) on ctx. */
+static sc_status make_layer(sc_context ctx, const model *m, int r, int n, sc_comm comm,
+                            layer_bufs *lb)
+{
+    memset(lb, 0, sizeof *lb);
+    const size_t E = (size_t)m->E, H = (size_t)m->H, I = (size_t)m->I, Is = (size_t)m->Is;
+    const size_t sh = I / (size_t)n, ssh = Is / (size_t)n;
+    const sc_dtype et = m->fp8 ? SC_F8E4M3 : SC_BF16;
+    const size_t es = m->fp8 ? 1 : 2;
+    sc_moe_desc d = {.experts = m->E, .top_k = m->k, .hidden = m->H, .intermediate = (int)sh,
+                     .renormalize = true, .max_tokens = 4096, .label = m->name,
+                     .tp_comm = comm, .expert_dtype = et,
+                     .w13_layout = m->interleaved ? SC_MOE_W13_INTERLEAVED : SC_MOE_W13_STACKED};
+    if (m->gptoss) {
+        d.activation = SC_MOE_SWIGLU_CLAMP;
+    } else {
+        d.scoring = SC_MOE_SIGMOID;
+        d.n_group = 4;
+        d.topk_group = 2;
+        d.routed_scaling = 2.5f;
+    }
+    d.router_view = upload(ctx, lb, SC_BF16, m->router, E * H);
+    void *p = shard_rows(m->w13, E, I, sh, r, m->interleaved, H * es);
+    d.w13_view = upload(ctx, lb, et, p, E * 2 * sh * H);
+    free(p);
+    p = shard_cols(m->w2, E * H, I, sh, r, es);
+    d.w2_view = upload(ctx, lb, et, p, E * H * sh);
+    free(p);
+    if (m->fp8) {
+        const size_t hb = H / 128;
+        p = shard_rows(m->w13s, E, I / 128, sh / 128, r, m->interleaved, hb * 4);
+        d.w13_scale = upload(ctx, lb, SC_F32, p, E * 2 * (sh / 128) * hb);
+        free(p);
+        p = shard_cols(m->w2s, E * hb, I / 128, sh / 128, r, 4);
+        d.w2_scale = upload(ctx, lb, SC_F32, p, E * hb * (sh / 128));
+        free(p);
+    }
+    if (m->shared) {
+        d.shared_intermediate = (int)ssh;
+        d.selection_bias_view = upload(ctx, lb, SC_F32, m->sel, E);
+        p = shard_rows(m->sw13, 1, Is, ssh, r, m->interleaved, H * es);
+        d.shared_w13 = upload(ctx, lb, et, p, 2 * ssh * H);
+        free(p);
+        p = shard_cols(m->sw2, H, Is, ssh, r, es);
+        d.shared_w2 = upload(ctx, lb, et, p, H * ssh);
+        free(p);
+        if (m->fp8) {
+            const size_t hb = H / 128;
+            p = shard_rows(m->sw13s, 1, Is / 128, ssh / 128, r, m->interleaved, hb * 4);
+            d.shared_w13_scale = upload(ctx, lb, SC_F32, p, 2 * (ssh / 128) * hb);
+            free(p);
+            p = shard_cols(m->sw2s, hb, Is / 128, ssh / 128, r, 4);
+            d.shared_w2_scale = upload(ctx, lb, SC_F32, p, hb * (ssh / 128));
+            free(p);
+        }
+    }
+    if (m->gptoss) {
+        d.router_bias = upload(ctx, lb, SC_F32, m->rbias, E);
+        p = shard_rows(m->b13, E, I, sh, r, m->interleaved, 4);
+        d.w13_bias = upload(ctx, lb, SC_F32, p, E * 2 * sh);
+        free(p);
+        d.w2_bias = upload(ctx, lb, SC_F32, m->b2, E * H); /* replicated; used on rank 0 */
+    }
+    return sc_moe_create(ctx, &d, &lb->layer);
+}
+
+static void free_layer(layer_bufs *lb)
+{
+    CHECK_OK(sc_moe_destroy(lb->layer));
+    for (int i = 0; i < lb->n; i++)
+        CHECK_OK(sc_buffer_destroy(lb->b[i]));
+}
+
+/* ---- one rank's forwards, on its own thread ---------------------------------------------- */
+
+typedef struct rank_job {
+    sc_context ctx;
+    sc_moe layer;
+    const uint16_t *x, *res;
+    uint64_t T;
+    int H;
+    uint16_t *out, *acc, *graph; /* eager, accumulating, replayed */
+} rank_job;
+
+static void *rank_run(void *arg)
+{
+    rank_job *j = arg;
+    const uint64_t n = j->T * (uint64_t)j->H;
+    sc_stream s;
+    sc_buffer x, out;
+    REQUIRE(sc_stream_create(j->ctx, NULL, &s) == SC_OK);
+    REQUIRE(sc_buffer_create(j->ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = n}, &x) == SC_OK);
+    REQUIRE(sc_buffer_create(j->ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = n}, &out) == SC_OK);
+    const uint16_t poison = 0x7fc1; /* a NaN */
+    CHECK_OK(sc_copy_from_host(s, sc_view_of(x), j->x, n * 2));
+    CHECK_OK(sc_fill(s, sc_view_of(out), &poison));
+    CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out), NULL));
+    CHECK_OK(sc_copy_to_host(s, j->out, n * 2, sc_view_of(out)));
+    CHECK_OK(sc_copy_from_host(s, sc_view_of(out), j->res, n * 2));
+    CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out),
+                            &(sc_moe_forward_desc){.accumulate = true}));
+    CHECK_OK(sc_copy_to_host(s, j->acc, n * 2, sc_view_of(out)));
+    /* captured, then replayed */
+    sc_graph g;
+    sc_graph_exec ex;
+    CHECK_OK(sc_fill(s, sc_view_of(out), &poison));
+    CHECK_OK(sc_moe_reserve(s, j->layer, j->T));
+    CHECK_OK(sc_stream_begin_capture(s, NULL));
+    CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out), NULL));
+    REQUIRE(sc_stream_end_capture(s, &g) == SC_OK);
+    REQUIRE(sc_graph_instantiate(g, &ex) == SC_OK);
+    CHECK_OK(sc_graph_launch(s, ex));
+    CHECK_OK(sc_copy_to_host(s, j->graph, n * 2, sc_view_of(out)));
+    CHECK_OK(sc_graph_exec_destroy(ex));
+    CHECK_OK(sc_graph_destroy(g));
+    CHECK_OK(sc_buffer_destroy(x));
+    CHECK_OK(sc_buffer_destroy(out));
+    CHECK_OK(sc_stream_destroy(s));
+    return NULL;
+}
+
+static double rel_l2(const uint16_t *got, const uint16_t *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = bf2f(got[i]), w = bf2f(want[i]);
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+static void run_model(sc_context *ctxs, sc_comm *comms, int n, model *m)
+{
+    make_model(m);
+    layer_bufs full, ranks[MAX_RANKS];
+    REQUIRE(make_layer(ctxs[0], m, 0, 1, (sc_comm){0}, &full) == SC_OK);
+    for (int r = 0; r < n; r++)
+        if (make_layer(ctxs[r], m, r, n, comms[r], &ranks[r]) != SC_OK) {
+            fprintf(stderr, "%s rank %d: %s\n", m->name, r, sc_last_error());
+            REQUIRE(false);
+        }
+    const uint64_t tokens[] = {1, 7, 129, 4096};
+    for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
+        const uint64_t T = tokens[ti], cnt = T * (uint64_t)m->H;
+        uint16_t *x = bf16_random(cnt, 1.0f), *res = bf16_random(cnt, 1.0f);
+        uint16_t *ref = test_xmalloc(cnt * 2), *ref_acc = test_xmalloc(cnt * 2);
+        /* the one-GPU layer over the full weights, on GPU 0 */
+        rank_job ref_job = {ctxs[0], full.layer, x, res, T, m->H, ref, ref_acc,
+                            test_xmalloc(cnt * 2)};
+        rank_run(&ref_job);
+        free(ref_job.graph);
+        rank_job jobs[MAX_RANKS];
+        pthread_t th[MAX_RANKS];
+        for (int r = 0; r < n; r++) {
+            jobs[r] = (rank_job){ctxs[r], ranks[r].layer, x, res, T, m->H,
+                                 test_xmalloc(cnt * 2), test_xmalloc(cnt * 2),
+                                 test_xmalloc(cnt * 2)};
+            REQUIRE(pthread_create(&th[r], NULL, rank_run, &jobs[r]) == 0);
+        }
+        for (int r = 0; r < n; r++)
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < n; r++) {
+            const double e = rel_l2(jobs[r].out, ref, cnt), ea = rel_l2(jobs[r].acc, ref_acc, cnt);
+            const bool same = memcmp(jobs[r].graph, jobs[r].out, cnt * 2) == 0;
+            printf("%s, %d ranks, T = %llu, rank %d: rel L2 %.2e, accumulating %.2e, graph %s\n",
+                   m->name, n, (unsigned long long)T, r, e, ea,
+                   same ? "bit-identical" : "DIFFERS");
+            CHECK(e <= 1e-2);
+            CHECK(ea <= 1e-2);
+            CHECK(same);
+            free(jobs[r].out);
+            free(jobs[r].acc);
+            free(jobs[r].graph);
+        }
+        free(x);
+        free(res);
+        free(ref);
+        free(ref_acc);
+    }
+    for (int r = 0; r < n; r++)
+        free_layer(&ranks[r]);
+    free_layer(&full);
+    free_model(m);
+}
+
+int main(int argc, char **argv)
+{
+    int want = 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--gpus") == 0)
+            want = atoi(argv[i + 1]);
+    if (want < 0 || want > MAX_RANKS) {
+        fprintf(stderr, "test_gpu_moe_tp: --gpus %d: 2 .. %d\n", want, MAX_RANKS);
+        return 2;
+    }
+    gpu_require();
+    int count = 0;
+    REQUIRE(sc_device_count(&count) == SC_OK);
+    if (count < 2 || (want && count < want)) {
+        printf("test_gpu_moe_tp: skipped: %d GPU%s here; the tensor-parallel layer needs %d\n",
+               count, count == 1 ? "" : "s", want ? want : 2);
+        return 77;
+    }
+    int v = 0;
+    if (sc_comm_library_version(&v) != SC_OK) {
+        printf("test_gpu_moe_tp: skipped: no NCCL: %s\n", sc_last_error());
+        return 77;
+    }
+    sc_device_props dp;
+    REQUIRE(sc_device_info(0, &dp) == SC_OK);
+    const bool fp8 = dp.cc_major == 9 && dp.cc_minor == 0;
+    const int rounds[] = {2, 4};
+    for (int k = 0; k < 2; k++) {
+        const int n = want ? want : rounds[k];
+        if (n > count || (want && k > 0))
+            break;
+        sc_context ctxs[MAX_RANKS];
+        sc_comm comms[MAX_RANKS];
+        for (int r = 0; r < n; r++)
+            REQUIRE(sc_context_create(&(sc_context_desc){.device = r}, &ctxs[r]) == SC_OK);
+        REQUIRE(sc_comm_create_all(ctxs, n, &(sc_comm_all_desc){.label = "tp"}, comms) == SC_OK);
+        model ds = {.name = "deepseek-v3 like bf16", .E = 16, .k = 4, .H = 256, .I = 512,
+                    .Is = 512, .shared = true};
+        run_model(ctxs, comms, n, &ds);
+        if (fp8) {
+            model d8 = {.name = "deepseek-v3 like fp8", .E = 16, .k = 4, .H = 256, .I = 512,
+                        .Is = 512, .shared = true, .fp8 = true};
+            run_model(ctxs, comms, n, &d8);
+        } else {
+            printf("fp8 experts: skipped (compute capability %d.%d, not 9.0)\n", dp.cc_major,
+                   dp.cc_minor);
+        }
+        model go = {.name = "gpt-oss like bf16", .E = 8, .k = 2, .H = 256, .I = 256,
+                    .interleaved = true, .gptoss = true};
+        run_model(ctxs, comms, n, &go);
+        for (int r = 0; r < n; r++)
+            CHECK_OK(sc_comm_destroy(comms[r]));
+        for (int r = 0; r < n; r++)
+            CHECK_OK(sc_context_destroy(ctxs[r]));
+    }
+    return test_result("test_gpu_moe_tp");
+}
