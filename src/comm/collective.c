@@ -175,13 +175,31 @@ static sc_status peer_rule(resolved *r)
                     r->call->peer, r->comm->nranks);
 }
 
+/* Reduce-scatter and all-gather: `whole` (named whole_name) holds a `part` of every rank,
+ * this rank's at [rank x n, (rank + 1) x n) when in place. */
+static sc_status whole_and_part_rule(resolved *r, const sci_resolved_view *whole,
+                                     const sci_resolved_view *part, const char *whole_name,
+                                     const char *what, const char *in_place_rule)
+{
+    const uint64_t n = (uint64_t)r->comm->nranks, rank = (uint64_t)r->comm->rank;
+    uint64_t need;
+    if (!sci_mul_ok(n, part->count, &need))
+        return sci_fail(SC_ERR_OVERFLOW, r->call->fn, "%llu ranks x %llu elements overflows",
+                        (unsigned long long)n, (unsigned long long)part->count);
+    sc_status s = counts_rule(r, whole->count, need, whole_name, what);
+    r->call->in_place = part->ptr == whole->ptr + rank * part->bytes;
+    if (s == SC_OK)
+        s = overlap_rule(r, r->call->in_place, in_place_rule);
+    r->empty = part->count == 0;
+    return s;
+}
+
 /* The kind's counts and overlap rules; sets r->empty and call->in_place. */
 static sc_status shape_rules(resolved *r)
 {
     sci_comm_call *c = r->call;
-    const uint64_t n = (uint64_t)r->comm->nranks, rank = (uint64_t)r->comm->rank;
+    const uint64_t n = (uint64_t)r->comm->nranks;
     const sci_resolved_view *d = &r->dst, *v = &r->src;
-    uint64_t need;
     sc_status s = SC_OK;
     switch (c->kind) {
     case SCI_COMM_ALL_REDUCE:
@@ -193,26 +211,14 @@ static sc_status shape_rules(resolved *r)
         r->empty = d->count == 0;
         break;
     case SCI_COMM_REDUCE_SCATTER:
-        if (!sci_mul_ok(n, d->count, &need))
-            return sci_fail(SC_ERR_OVERFLOW, c->fn, "%llu ranks x %llu elements overflows",
-                            (unsigned long long)n, (unsigned long long)d->count);
-        s = counts_rule(r, v->count, need, "src", "a reduce-scatter into the ranks' dst");
-        c->in_place = d->ptr == v->ptr + rank * d->bytes;
-        if (s == SC_OK)
-            s = overlap_rule(r, c->in_place, "a reduce-scatter is in place only when dst is "
-                                             "src's elements [rank x n, (rank + 1) x n)");
-        r->empty = d->count == 0;
+        s = whole_and_part_rule(r, v, d, "src", "a reduce-scatter into the ranks' dst",
+                                "a reduce-scatter is in place only when dst is src's "
+                                "elements [rank x n, (rank + 1) x n)");
         break;
     case SCI_COMM_ALL_GATHER:
-        if (!sci_mul_ok(n, v->count, &need))
-            return sci_fail(SC_ERR_OVERFLOW, c->fn, "%llu ranks x %llu elements overflows",
-                            (unsigned long long)n, (unsigned long long)v->count);
-        s = counts_rule(r, d->count, need, "dst", "an all-gather of the ranks' src");
-        c->in_place = v->ptr == d->ptr + rank * v->bytes;
-        if (s == SC_OK)
-            s = overlap_rule(r, c->in_place, "an all-gather is in place only when src is "
-                                             "dst's elements [rank x n, (rank + 1) x n)");
-        r->empty = v->count == 0;
+        s = whole_and_part_rule(r, d, v, "dst", "an all-gather of the ranks' src",
+                                "an all-gather is in place only when src is dst's elements "
+                                "[rank x n, (rank + 1) x n)");
         break;
     case SCI_COMM_ALL_TO_ALL:
         s = counts_rule(r, d->count, v->count, "dst", "an all-to-all of src");
