@@ -69,7 +69,9 @@
  * (sc_stream_begin_capture), and every replay runs it again, collectively: every rank must
  * capture the same collectives and replay its graph the same number of times. The graph
  * remembers the communicator: a launch after it was destroyed is SC_ERR_STALE_HANDLE, after
- * it was aborted SC_ERR_COMM (nothing runs). With one thread driving several GPUs, launch
+ * it was aborted SC_ERR_COMM (nothing runs). With a thread per rank, capture in
+ * SC_CAPTURE_THREAD_LOCAL mode (a global-mode capture refuses every thread's synchronous
+ * copies and allocations while it lasts). With one thread driving several GPUs, launch
  * each GPU's graph from its own thread: NCCL warns that one thread launching graphs of
  * several GPUs may deadlock.
  *

@@ -250,7 +250,9 @@ static void *rank_run(void *arg)
     sc_graph_exec ex;
     CHECK_OK(sc_fill(s, sc_view_of(out), &poison));
     CHECK_OK(sc_moe_reserve(s, j->layer, j->T));
-    CHECK_OK(sc_stream_begin_capture(s, NULL));
+    /* thread-local: the other ranks' threads copy to pageable memory meanwhile, which a
+     * global-mode capture forbids in every thread */
+    CHECK_OK(sc_stream_begin_capture(s, &(sc_capture_desc){.mode = SC_CAPTURE_THREAD_LOCAL}));
     CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out), NULL));
     REQUIRE(sc_stream_end_capture(s, &g) == SC_OK);
     REQUIRE(sc_graph_instantiate(g, &ex) == SC_OK);

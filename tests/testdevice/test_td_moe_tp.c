@@ -126,7 +126,9 @@ static void *rank_forward(void *arg)
         sc_graph_exec ex;
         REQUIRE(sc_stream_create(ctxs[r], NULL, &s) == SC_OK);
         CHECK_OK(sc_moe_reserve(s, ranks[r].layer, T));
-        CHECK_OK(sc_stream_begin_capture(s, NULL));
+        /* thread-local: the other rank's thread copies to pageable memory meanwhile, which a
+         * global-mode capture forbids in every thread */
+        CHECK_OK(sc_stream_begin_capture(s, &(sc_capture_desc){.mode = SC_CAPTURE_THREAD_LOCAL}));
         CHECK_OK(sc_moe_forward(s, ranks[r].layer, sc_view_of(ranks[r].w[4]),
                                 sc_view_of(ranks[r].w[5]), &o));
         REQUIRE(sc_stream_end_capture(s, &g) == SC_OK);
