@@ -26,9 +26,10 @@
  *   optionally gated by sigmoid(x . gate row), computed in the same grouped GEMMs;
  * - weights as views into larger buffers (a checkpoint loaded as one allocation), at any
  *   16-byte aligned offset (on sm_90 the GEMMs start K early by the view's misalignment
- *   within 128 bytes, so that every copy stays 128-byte aligned; SAFECUDA_MOE_KSHIFT=0 turns
- *   it off; the sums then split K elsewhere than for the same weights 128-byte aligned, so
- *   the two agree to rounding, not bitwise);
+ *   within 128 bytes, so that every copy stays 128-byte aligned, bf16 and fp8 alike (fp8
+ *   splits each step at its 128-wide scale block); SAFECUDA_MOE_KSHIFT=0 turns it off; the
+ *   sums then split K elsewhere than for the same weights 128-byte aligned, so the two
+ *   agree to rounding, not bitwise, but for fp8 weights at multiples of 32 bytes);
  * - out += layer(x) (the residual add in the same pass);
  * - tensor parallelism over several GPUs: each rank a layer over its shard of I, the partial
  *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md). */

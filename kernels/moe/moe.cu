@@ -684,12 +684,13 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
 // fp8 experts: x gathered into expert order and quantized on the way, one warp per row and
 // 128 channels (row q = warp / (H / 128), block b = warp % (H / 128)): the block's largest
 // magnitude amax, the scale amax / 448 (1 when amax is 0) into x_scale [H / 128][rows_cap],
-// and e4m3(x * (448 / amax)) into x_q [rows, H] (each lane 4 channels; the rule of
-// util/fp8.cuh, as sc_quantize_fp8_tokens quantizes).
+// and e4m3(x * (448 / amax)) into x_q's rows (ldx apart, the data from column xoff, a
+// multiple of 16; each lane 4 channels; the rule of util/fp8.cuh, as sc_quantize_fp8_tokens
+// quantizes).
 extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *row_offsets,
                                              const bf16_t *x, unsigned char *x_q,
                                              float *x_scale, int rows, int groups, int H,
-                                             int rows_cap)
+                                             int ldx, int xoff, int rows_cap)
 {
     griddep_enter();
     const int nb = H / 128;
@@ -710,7 +711,8 @@ extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *r
     const block_factors fa = fp8_block_factors(amax); // (util/fp8.cuh: quant.h's rule)
     const unsigned short lo = fp8_quantize2(f[0], f[1], fa);
     const unsigned short hi = fp8_quantize2(f[2], f[3], fa);
-    reinterpret_cast<unsigned *>(x_q + q * H)[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
+    reinterpret_cast<unsigned *>(x_q + q * ldx + xoff)[b * 32 + lane] =
+        (unsigned)lo | ((unsigned)hi << 16);
     if (lane == 0)
         x_scale[(long long)b * rows_cap + q] = fa.scale;
 }

@@ -80,10 +80,13 @@
  * cluster-split tile while the W13 tiles of the experts a forward can use (min(T k, E) + the
  * shared chunks, times I / 128) are fewer than the SMs. */
 #define SC_MOE_SM90_SMALL_MAX_ROWS 24
-/* bf16 SM90: the GEMMs' A rows in the workspace (x in expert order, h) are this many elements
- * longer than H or I, zeros but for the data at column kshift of the weight they multiply:
- * the K shift then starts every box of A and B 128-byte aligned. */
+/* SM90: the GEMMs' A rows in the workspace (x in expert order, h) are 128 bytes longer than
+ * H or I (SC_MOE_SM90_A_PAD bf16 or SC_MOE_SM90_A_PAD_FP8 e4m3 elements), their data from
+ * column kshift of the weight they multiply on: the K shift then starts every box of A and
+ * B 128-byte aligned. bf16's padding stays zero (it meets B's zeros); e4m3 never multiplies
+ * its padding. */
 #define SC_MOE_SM90_A_PAD 64
+#define SC_MOE_SM90_A_PAD_FP8 128
 #define SC_MOE_FP8_NARROW_MAX_TILES 2048
 /* Dynamic shared memory: 1024 bytes of alignment slack, the ring, its barriers, the row
  * and tile offsets, and (fp8 W13 split over a cluster) the rows' largest magnitudes and
@@ -116,12 +119,12 @@ typedef struct sc_moe_expert_params {
     int act;           /* sc_moe_activation */
     float alpha, limit;
     int has_bias;      /* the routed experts' W13 and W2 biases */
-    int kshift;        /* bf16 routed weights: K starts this many elements before the
-                          copies' boxes (the weight view's misalignment within 128 bytes),
-                          so that every box starts 128-byte aligned; A's rows hold their
-                          data from this column on (SC_MOE_SM90_A_PAD) */
+    int kshift;        /* routed weights: K starts this many elements before the copies'
+                          boxes (the weight view's misalignment within 128 bytes), so that
+                          every box starts 128-byte aligned; A's rows hold their data from
+                          this column on (SC_MOE_SM90_A_PAD, _FP8) */
     int rows_cap;      /* fp8: rows of the workspace (the row scales' stride) */
-    int out_ld, out_off; /* bf16 SM90 W13: h's row stride and first column (W2's A rows) */
+    int out_ld, out_off; /* SM90 W13: h's row stride and first column (W2's A rows) */
 } sc_moe_expert_params;
 
 #endif

@@ -241,6 +241,68 @@ SC_WGMMA_TILE(prec_bf16, SC_BF16_MMA, "1, 1, 0, 0", 256, 128, 128, 129, 130)
 SC_WGMMA_TILE(prec_e4m3, SC_E4M3_MMA, "1, 1",       64,  32,  32,  33,  34)
 SC_WGMMA_TILE(prec_e4m3, SC_E4M3_MMA, "1, 1",       128, 64,  64,  65,  66)
 
+// The same e4m3 MMA with A from registers: a0 .. a3 this thread's four 32-bit registers of
+// A's fragment (a_fragment), B in shared memory: wgmma_rs<N>::run(d, a0, a1, a2, a3, db,
+// scale_d). The operands: the R accumulators, then a0 .. a3 (R .. R + 3), B's descriptor
+// (DB = R + 4) and scale_d (DB + 1). Used where one k32 step must be split into two halves of K (the
+// fp8 K shift below): the other half's registers are zeros.
+template <int N> struct wgmma_rs;
+#define SC_WGMMA_RS(N, R, A0, A1, A2, A3, DB, SCALE_D)                                       \
+    template <> struct wgmma_rs<N> {                                                         \
+        static __device__ __forceinline__ void run(float *d, unsigned a0, unsigned a1,       \
+                                                   unsigned a2, unsigned a3,                 \
+                                                   unsigned long long db, int scale_d)       \
+        {                                                                                    \
+            static_assert(R == N / 2 && A0 == R && A3 == R + 3 && DB == R + 4 &&             \
+                              SCALE_D == R + 5,                                              \
+                          "wgmma_rs: operand numbers");                                      \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE_D ", 0;\n"             \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SC_E4M3_MMA " {"             \
+                         SC_WGMMA_REGS_##R "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB \
+                         ", p, 1, 1;\n}\n"                                                   \
+                         : SC_WGMMA_ACC_##R(0)                                               \
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(scale_d));       \
+        }                                                                                    \
+    };
+//          N    R   a0  a1  a2  a3  B   scale_d
+SC_WGMMA_RS(64,  32, 32, 33, 34, 35, 36, 37)
+SC_WGMMA_RS(128, 64, 64, 65, 66, 67, 68, 69)
+
+// This thread's registers of the e4m3 A fragment of one k32 step (m64 x k32, the step's 32
+// bytes from byte column k0 of a warpgroup's 64 rows of 128 bytes in the 128-byte swizzle at
+// a_s, 1024-byte aligned): register i holds 4 bytes of row 16 warp + lane / 4 (+ 8 for odd
+// i), columns k0 + 4 (lane % 4) (+ 16 for i >= 2) (the layout of wgmma's register A for
+// 8-bit types). The swizzle stores 16-byte chunk j of row r at chunk j ^ (r % 8).
+__device__ __forceinline__ void a_fragment(unsigned a_s, int k0, int warp, int lane, unsigned *a)
+{
+    const int g = lane >> 2;
+    const unsigned row = a_s + (unsigned)(16 * warp + g) * 128u + 4u * (unsigned)(lane & 3);
+    const unsigned c0 = (unsigned)(((k0 >> 4) ^ g) << 4), c1 = (unsigned)((((k0 >> 4) + 1) ^ g) << 4);
+    asm volatile("ld.shared.b32 %0, [%4];\nld.shared.b32 %1, [%5];\n"
+                 "ld.shared.b32 %2, [%6];\nld.shared.b32 %3, [%7];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(row + c0), "r"(row + 1024u + c0), "r"(row + c1), "r"(row + 1024u + c1)
+                 : "memory");
+}
+
+// e4m3: one 128-of-K block's partial sums into the accumulators, scaled by the rows'
+// activation scales (sa0: row r0, sa1: row r0 + 8) times the weight block's (W13: sg for the
+// gate columns, su for the up columns; W2: sg).
+template <int MODE, int BN>
+__device__ __forceinline__ void promote(float *acc, const float *part, float sa0, float sa1,
+                                        float sg, float su)
+{
+#pragma unroll
+    for (int f = 0; f < BN / 8; f++) {
+        const float sb = MODE == 0 /* MODE_W13 */ && f >= BN / 16 ? su : sg;
+        const float s0 = sa0 * sb, s1 = sa1 * sb;
+        acc[f * 4 + 0] = fmaf(part[f * 4 + 0], s0, acc[f * 4 + 0]);
+        acc[f * 4 + 1] = fmaf(part[f * 4 + 1], s0, acc[f * 4 + 1]);
+        acc[f * 4 + 2] = fmaf(part[f * 4 + 2], s1, acc[f * 4 + 2]);
+        acc[f * 4 + 3] = fmaf(part[f * 4 + 3], s1, acc[f * 4 + 3]);
+    }
+}
+
 // ---- the tile schedule ---------------------------------------------------------------------
 
 struct tile_t {
@@ -308,11 +370,15 @@ struct gemm_args {
     int N, K, b_rows_per_expert;
 };
 
-// The K range of a tile: routed bf16 weights start kshift elements early (boxes 128-byte
-// aligned in the weight; the columns before 0 read as zeros in A and B alike).
+// The K range of a tile: routed weights start kshift elements early (boxes 128-byte aligned
+// in the weight; the columns before 0 read as zeros in B). bf16 just runs K from -kshift;
+// e4m3, whose stages must each lie in one 128-of-K scale block, splits every stage at the
+// block boundary (the consumer's fp8 K shift below). A kernel without the shift (SHIFT
+// false) reads the same A rows from column q.kshift on, in boxes not 128-byte aligned.
+template <bool SHIFT>
 __device__ __forceinline__ int tile_kshift(const sc_moe_expert_params &q, bool routed)
 {
-    return routed ? q.kshift : 0;
+    return SHIFT && routed ? q.kshift : 0;
 }
 
 template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS, int SPLIT>
@@ -328,6 +394,9 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
     static_assert(!P::FP8 || SC_MOE_FP8_BLOCK % BN == 0 || MODE == MODE_W13,
                   "an fp8 W2 tile lies in one block of W2's scales");
     static_assert(P::FP8 || SUBS == 1, "bf16 W13 tiles are one pass");
+    // The K shift (tile_kshift), but in the fp8 W13 tiles of more than two passes, whose
+    // registers hold h across the passes and have none to spare for the split stages.
+    constexpr bool SHIFT = !(P::FP8 && SUBS > 2);
     // Consumers give a stage back once per warpgroup (bf16) or once per warp (e4m3, whose
     // warps wait for their own MMAs before the promotion).
     constexpr int RELEASES = P::FP8 ? 4 * CONS : CONS;
@@ -417,7 +486,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
                  t += tile_step) {
                 const bool routed = tl.e < E;
-                const int ksh = tile_kshift(q, routed);
+                const int ksh = tile_kshift<SHIFT>(q, routed);
                 const int k_tiles = (K + ksh + KS - 1) / KS;
                 const tmap_t *gm = routed ? g.g_map : g.sg_map, *um = routed ? g.u_map : g.su_map;
                 // A: only the boxes of A_BOX rows that hold rows of this expert (a decode
@@ -439,7 +508,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                         const unsigned fb = full_bar + s * 8;
                         const unsigned sa = ring + s * C::STAGE_BYTES, sb = sa + C::A_BYTES;
                         // B from column kc (before 0: zeros); A's rows hold their data
-                        // from column q.kshift (bf16), so A's box starts at kc + q.kshift.
+                        // from column q.kshift, so A's box starts at kc + q.kshift.
                         const int kc = kt * KS - ksh, ka = kc + q.kshift;
                         mbar_expect_tx(fb, a_boxes * A_BOX * 128 + C::B_BYTES);
                         for (int i = 0; i < a_boxes; i++)
@@ -472,7 +541,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
              t += tile_step, tiles_done++) {
             const bool routed = tl.e < E;
-            const int ksh = tile_kshift(q, routed);
+            const int ksh = tile_kshift<SHIFT>(q, routed);
             const int k_tiles = (K + ksh + KS - 1) / KS;
             // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for
             // odd q) of the pass's BN (W13: gate columns f < BN/16, then up).
@@ -510,42 +579,83 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                     }
                 }
                 int prev = -1;
+                // e4m3 with a K shift: stage kt holds K [128 kt - ksh, 128 kt - ksh + 128),
+                // the end of block kt - 1 (its first ksh columns: the head) and the start of
+                // block kt (the tail; none past K in the last stage, none before 0 in the
+                // first). The head's MMAs finish the partial sums the previous stage's tail
+                // began, which are then promoted with block kt - 1's scales; the tail's MMAs
+                // begin block kt's. A k32 step that straddles the boundary (ksh % 32 == 16)
+                // runs twice from registers, each time with the other half of A zero.
+                const int head = ksh / 32;
+                const bool straddle = P::FP8 && (ksh & 31) != 0;
                 for (int kt = 0; kt < k_tiles; kt++, it++) {
                     const int s = it % STAGES;
                     const unsigned ph = (unsigned)(it / STAGES) & 1u;
+                    // e4m3: the scales of the block this stage completes (kt; kt - 1 when
+                    // shifted), loaded while the stage's copies land.
+                    const int kb = ksh ? kt - 1 : kt;
                     float sa0 = 0.f, sa1 = 0.f, sg = 0.f, su = 0.f;
-                    if constexpr (P::FP8) { // loaded while the stage's copies land
+                    if (P::FP8 && kb >= 0) {
                         if (r0 < tl.row_end)
-                            sa0 = sa[(long long)kt * q.rows_cap + r0];
+                            sa0 = sa[(long long)kb * q.rows_cap + r0];
                         if (r0 + 8 < tl.row_end)
-                            sa1 = sa[(long long)kt * q.rows_cap + r0 + 8];
-                        sg = sbg[kt];
-                        su = sbu[kt];
+                            sa1 = sa[(long long)kb * q.rows_cap + r0 + 8];
+                        sg = sbg[kb];
+                        su = sbu[kb];
                     }
                     mbar_wait(full_bar + s * 8, ph);
                     const unsigned a_s = ring + s * C::STAGE_BYTES + c * 64 * 128;
                     const unsigned b_s = ring + s * C::STAGE_BYTES + C::A_BYTES;
-                    wgmma_fence();
                     if constexpr (P::FP8) {
+                        if (ksh == 0) {
+                            wgmma_fence();
 #pragma unroll
-                        for (int kk = 0; kk < 4; kk++)
-                            wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
-                                                   smem_desc(b_s + kk * 32), kk > 0);
-                        wgmma_commit();
-                        wgmma_wait<0>(); // this warp's MMAs are done: give the stage back
-                        if (lane == 0)
-                            mbar_arrive(empty_bar + s * 8);
-                        // The promotion: the stage's 128 of K, scaled, into the accumulators.
-#pragma unroll
-                        for (int f = 0; f < BN / 8; f++) {
-                            const float sb = MODE == MODE_W13 && f >= BN / 16 ? su : sg;
-                            const float s0 = sa0 * sb, s1 = sa1 * sb;
-                            acc[f * 4 + 0] = fmaf(part[f * 4 + 0], s0, acc[f * 4 + 0]);
-                            acc[f * 4 + 1] = fmaf(part[f * 4 + 1], s0, acc[f * 4 + 1]);
-                            acc[f * 4 + 2] = fmaf(part[f * 4 + 2], s1, acc[f * 4 + 2]);
-                            acc[f * 4 + 3] = fmaf(part[f * 4 + 3], s1, acc[f * 4 + 3]);
+                            for (int kk = 0; kk < 4; kk++)
+                                wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
+                                                       smem_desc(b_s + kk * 32), kk > 0);
+                            wgmma_commit();
+                            wgmma_wait<0>(); // this warp's MMAs are done: give the stage back
+                            if (lane == 0)
+                                mbar_arrive(empty_bar + s * 8);
+                            // The promotion: the stage's 128 of K, scaled, into the accumulators.
+                            promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
+                        } else if constexpr (SHIFT) {
+                            unsigned af[4] = {0u, 0u, 0u, 0u};
+                            if (straddle)
+                                a_fragment(a_s, head * 32, warp, lane, af);
+                            wgmma_fence();
+                            if (kt > 0) { // the head: block kt - 1's last ksh columns
+                                for (int kk = 0; kk < head; kk++)
+                                    wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
+                                                           smem_desc(b_s + kk * 32), 1);
+                                if (straddle)
+                                    wgmma_rs<BN>::run(part, af[0], af[1], 0u, 0u,
+                                                      smem_desc(b_s + head * 32), 1);
+                                wgmma_commit();
+                                wgmma_wait<0>(); // the previous stage's MMAs are done too
+                                if (lane == 0)
+                                    mbar_arrive(empty_bar + ((it - 1) % STAGES) * 8);
+                                promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
+                                wgmma_fence(); // (part was read: the tail overwrites it)
+                            }
+                            if (kt + 1 < k_tiles) { // the tail: block kt's first columns
+                                int kk = head;
+                                if (straddle) {
+                                    wgmma_rs<BN>::run(part, 0u, 0u, af[2], af[3],
+                                                      smem_desc(b_s + head * 32), 0);
+                                    kk++;
+                                }
+                                for (; kk < 4; kk++)
+                                    wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
+                                                           smem_desc(b_s + kk * 32),
+                                                           kk > head || straddle);
+                                wgmma_commit(); // waited for by the next stage's head
+                            } else if (lane == 0) {
+                                mbar_arrive(empty_bar + s * 8); // the last stage: all done
+                            }
                         }
                     } else {
+                        wgmma_fence();
 #pragma unroll
                         for (int kk = 0; kk < 4; kk++)
                             wgmma_tile<P, BN>::run(acc, smem_desc(a_s + kk * 32),
@@ -683,7 +793,8 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                                     const float v0 = ps + 1 < SUBS ? hkeep[ps * (BN / 4) + i] : hv[i];
                                     const float v1 = ps + 1 < SUBS ? hkeep[ps * (BN / 4) + i + 1] : hv[i + 1];
                                     const int col = tl.n * NW + rank * NC + ps * (BN / 2) + f * 8 + cl;
-                                    *reinterpret_cast<unsigned short *>(out + (long long)row * N + col) =
+                                    *reinterpret_cast<unsigned short *>(
+                                        out + (long long)row * q.out_ld + q.out_off + col) =
                                         fp8_quantize2(v0, v1, fa);
                                 }
                         }

@@ -62,11 +62,10 @@ static int32_t rows_cap(const sci_moe *m)
     return (int32_t)(m->capacity * (uint64_t)m->cfg.slots);
 }
 
-/* bf16 SM90: the row stride of x in expert order (H + the padding); elsewhere H. */
+/* SM90: the row stride of x in expert order (H + the padding); elsewhere H. */
 static int32_t xperm_ld(const sci_moe *m)
 {
-    const bool pad = m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8;
-    return m->desc.hidden + (pad ? SC_MOE_SM90_A_PAD : 0);
+    return m->desc.hidden + (int32_t)sci_moe_a_pad(&m->cfg);
 }
 
 /* The whole of workspace buffer w. */
@@ -115,7 +114,8 @@ static sc_status issue_gather(const forward *f)
                            sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_in(f->x),
                            sc_arg_out(ws(f, SCI_MOE_W_XQ)), sc_arg_out(ws(f, SCI_MOE_W_XS)),
                            sc_arg_i32((int32_t)p->rows), sc_arg_i32(f->m->cfg.groups),
-                           sc_arg_i32(H), sc_arg_i32(rows_cap(f->m)))) != SC_OK)
+                           sc_arg_i32(H), sc_arg_i32(xperm_ld(f->m)),
+                           sc_arg_i32(f->m->kshift13), sc_arg_i32(rows_cap(f->m)))) != SC_OK)
             return s;
         return SC_OK;
     }
@@ -300,11 +300,8 @@ static sc_moe_expert_params expert_params(const sci_moe *m, int group_m, sci_moe
         .act = (int)d->activation, .alpha = d->swiglu_alpha, .limit = d->swiglu_limit,
         .has_bias = m->wt[bias].buffer.id != 0, .kshift = kshift,
         .rows_cap = rows_cap(m),
-        /* bf16 SM90 W13 writes h into W2's A rows: padded, the data from W2's shift */
-        .out_ld = d->intermediate + (m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8
-                                         ? SC_MOE_SM90_A_PAD
-                                         : 0),
-        .out_off = m->kshift2};
+        /* SM90 W13 writes h into W2's A rows: padded, the data from W2's shift */
+        .out_ld = d->intermediate + (int)sci_moe_a_pad(&m->cfg), .out_off = m->kshift2};
 }
 
 /* fp8 experts (SM90): h (e4m3, with its row scales) = act(x_q W_gate^T + b, x_q W_up^T +

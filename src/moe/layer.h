@@ -38,7 +38,7 @@ typedef struct sci_moe {
     sc_tensor_map g_map[SCI_MOE_N_TILES], u_map[SCI_MOE_N_TILES], w2_map[SCI_MOE_N_TILES];
     sc_tensor_map sg_map[SCI_MOE_N_TILES], su_map[SCI_MOE_N_TILES], sw2_map[SCI_MOE_N_TILES];
     sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
-    int kshift13, kshift2; /* bf16 SM90: the routed W13's and W2's K shift (elements) */
+    int kshift13, kshift2; /* SM90: the routed W13's and W2's K shift (elements) */
     int tp_rank, tp_nranks; /* desc.tp_comm's rank and size (0 and 1 without one) */
 } sci_moe;
 

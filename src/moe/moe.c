@@ -102,7 +102,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
             if (sci_moe_tiles[t].fp8 != fp8)
                 continue;
             const uint32_t a_box = (uint32_t)sci_moe_tiles[t].a_box;
-            const uint64_t pad = fp8 ? 0 : SC_MOE_SM90_A_PAD; /* bf16: A's rows padded */
+            const uint64_t pad = sci_moe_a_pad(&m->cfg); /* A's rows padded */
             sc_status s = encode_map(m->ws[fp8 ? SCI_MOE_W_XQ : SCI_MOE_W_XPERM], rows, H + pad,
                                      a_box, &m->xperm_map[t]);
             if (s == SC_OK)

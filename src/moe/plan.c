@@ -61,9 +61,9 @@ const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_XPERM] = {SC_BF16, "moe x in expert order", true},
     [SCI_MOE_W_TICKET] = {SC_U32, "moe route ticket", true}, /* sc_moe_route_small resets it */
     [SCI_MOE_W_SHARED_W] = {SC_F32, "moe shared expert weights", false},
-    [SCI_MOE_W_XQ] = {SC_F8E4M3, "moe x in expert order (fp8)", false},
+    [SCI_MOE_W_XQ] = {SC_F8E4M3, "moe x in expert order (fp8)", true}, /* (padding: 0) */
     [SCI_MOE_W_XS] = {SC_F32, "moe x scales", false},
-    [SCI_MOE_W_HQ] = {SC_F8E4M3, "moe h (fp8)", false},
+    [SCI_MOE_W_HQ] = {SC_F8E4M3, "moe h (fp8)", true}, /* (padding: 0) */
     [SCI_MOE_W_HS] = {SC_F32, "moe h scales", false},
 };
 
@@ -104,7 +104,7 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_PERM_WEIGHT] = rows;
     count[SCI_MOE_W_POS] = rows;
     const bool sm90 = c->backend == SC_MOE_BACKEND_SM90;
-    const uint64_t pad = sm90 ? SC_MOE_SM90_A_PAD : 0; /* bf16 SM90: A's rows (see moe_config) */
+    const uint64_t pad = sci_moe_a_pad(c); /* SM90: A's rows (see moe_config) */
     count[SCI_MOE_W_H] = c->fp8 ? 0 : rows * (I + pad);
     count[SCI_MOE_W_Y] = rows * H;
     count[SCI_MOE_W_NO_BIAS] = 1;
@@ -112,9 +112,9 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_TICKET] = 1;
     count[SCI_MOE_W_SHARED_W] = tokens;
     /* fp8: x and h in e4m3 with one f32 scale per row per 128 channels */
-    count[SCI_MOE_W_XQ] = c->fp8 ? rows * H : 0;
+    count[SCI_MOE_W_XQ] = c->fp8 ? rows * (H + pad) : 0;
     count[SCI_MOE_W_XS] = c->fp8 ? rows * (H / SC_MOE_FP8_BLOCK) : 0;
-    count[SCI_MOE_W_HQ] = c->fp8 ? rows * I : 0;
+    count[SCI_MOE_W_HQ] = c->fp8 ? rows * (I + pad) : 0;
     count[SCI_MOE_W_HS] = c->fp8 ? rows * (I / SC_MOE_FP8_BLOCK) : 0;
 }
 

@@ -88,6 +88,15 @@ typedef struct sci_moe_config {
     bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
 } sci_moe_config;
 
+/* SM90: the elements by which the GEMMs' A rows (x in expert order, h) exceed H or I, 128
+ * bytes (room for the K shift); elsewhere 0. */
+static inline uint64_t sci_moe_a_pad(const sci_moe_config *c)
+{
+    if (c->backend != SC_MOE_BACKEND_SM90)
+        return 0;
+    return c->fp8 ? SC_MOE_SM90_A_PAD_FP8 : SC_MOE_SM90_A_PAD;
+}
+
 /* Elements of each workspace buffer for `tokens` tokens (0: the backend doesn't use it),
  * and their bytes in all. */
 void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,

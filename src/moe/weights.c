@@ -309,6 +309,7 @@ sc_status sci_moe_encode_weight_maps(sci_moe *m)
     const bool il = m->desc.w13_layout == SC_MOE_W13_INTERLEAVED;
     const sc_view w13 = m->wt[SCI_MOE_WT_W13], sw13 = m->wt[SCI_MOE_WT_SHARED_W13];
     sc_status s = SC_OK;
+    uint64_t addr13 = 0, addr2 = 0; /* the routed W13's and W2's device addresses */
     for (int t = 0; t < SCI_MOE_N_TILES && s == SC_OK; t++) {
         if (sci_moe_tiles[t].fp8 != m->cfg.fp8)
             continue;
@@ -341,16 +342,23 @@ sc_status sci_moe_encode_weight_maps(sci_moe *m)
             m->su_map[t] = m->u_map[t];
             m->sw2_map[t] = m->w2_map[t];
         }
-        /* bf16: the routed weights' K shift, their misalignment within 128 bytes in elements
-         * (the kernels then start K that much early, so each box starts 128-byte aligned:
-         * a checkpoint's views at 16-byte offsets read whole lines).
-         * SAFECUDA_MOE_KSHIFT=0 turns it off (for comparisons). */
-        if (s == SC_OK && !m->cfg.fp8) {
-            const char *env = getenv("SAFECUDA_MOE_KSHIFT");
-            const bool on = !(env && strcmp(env, "0") == 0);
-            m->kshift13 = on ? (int)(m->g_map[t].address % 128 / 2) : 0;
-            m->kshift2 = on ? (int)(m->w2_map[t].address % 128 / 2) : 0;
+        if (s == SC_OK) {
+            addr13 = m->g_map[t].address;
+            addr2 = m->w2_map[t].address;
         }
+    }
+    /* The routed weights' K shift: their misalignment within 128 bytes, in elements (the
+     * kernels then start K that much early, so each box starts 128-byte aligned: a
+     * checkpoint's views at 16-byte offsets read whole lines). Every row of a weight has
+     * the same misalignment (its rows are a multiple of 128 bytes apart). e4m3 splits its
+     * stages at the scale blocks' boundaries (moe_sm90a.cu). SAFECUDA_MOE_KSHIFT=0 turns it
+     * off (for comparisons). */
+    if (s == SC_OK) {
+        const char *env = getenv("SAFECUDA_MOE_KSHIFT");
+        const bool on = !(env && strcmp(env, "0") == 0);
+        const uint64_t es = m->cfg.fp8 ? 1 : 2;
+        m->kshift13 = on ? (int)(addr13 % 128 / es) : 0;
+        m->kshift2 = on ? (int)(addr2 % 128 / es) : 0;
     }
     return s;
 }

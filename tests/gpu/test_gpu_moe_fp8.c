@@ -12,7 +12,10 @@
  * clamped SwiGLU, biases, router bias) and a GeGLU layer with a gated shared expert of 2I,
  * at T = 1, 7 (routing in one launch), 129, 1000 and 4096. Per forward: relative L2 <= 1e-2
  * over the checked tokens, every output finite; a repeat bitwise; the same weights as views
- * at odd 16-byte offsets of one allocation bitwise; out += layer(x); a captured graph's
+ * into one allocation twice: at offsets 32 and 96 bytes past a multiple of 128 (the K shift
+ * splits each stage between MMAs, the sums as without it: bitwise the same output), and at
+ * odd multiples of 16 (the shift splits an MMA in two: against the reference, and bitwise
+ * on repeat); out += layer(x); a captured graph's
  * replay bitwise the eager forward. The caller's routing: every token to one expert, padded
  * slots, experts with no token. Every fp8 tile shape forced in turn (SAFECUDA_MOE_TILE).
  * Skipped before sm_90 (the layer refuses fp8 there: checked).
@@ -145,16 +148,19 @@ typedef struct weights {
     float *sbias, *rbias, *b13, *b2;
     sc_buffer drouter, dw13, dw2, dw13s, dw2s, dsw13, dsw2, dsw13s, dsw2s;
     sc_buffer dsbias, drbias, db13, db2, dgate;
-    sc_buffer ckpt, ckpt32; /* the fp8 weights and their scales again, as views */
-    sc_view vw13, vw2, vsw13, vsw2, vw13s, vw2s, vsw13s, vsw2s;
+    /* the fp8 weights and their scales again, as views into one allocation each: [0] at
+     * offsets of 32 and 96 bytes past a multiple of 128, [1] at odd multiples of 16 */
+    struct {
+        sc_buffer ckpt, ckpt32;
+        sc_view w13, w2, sw13, sw2, w13s, w2s, sw13s, sw2s;
+    } v[2];
 } weights;
 
-/* An odd multiple of 16 bytes past *cursor (bytes), count elements of size es. */
-static uint64_t place(uint64_t *cursor, uint64_t es, uint64_t count)
+/* The first offset at or past *cursor (bytes) that is `rest` bytes past a multiple of 128,
+ * for count elements of size es (in elements). */
+static uint64_t place(uint64_t *cursor, uint64_t es, uint64_t count, uint64_t rest)
 {
-    uint64_t off = (*cursor + 15) / 16 * 16;
-    if ((off / 16) % 2 == 0)
-        off += 16;
+    const uint64_t off = (*cursor + 127 - rest) / 128 * 128 + rest;
     *cursor = off + count * es + 32;
     return off / es;
 }
@@ -220,32 +226,38 @@ static void make_weights(const model *m, weights *w, uint64_t seed)
             w->gate[h] = f2bf((float)(uniform(&seed) * 2.0 / sqrt((double)H)));
         w->dgate = upload(SC_BF16, w->gate, H, "shared_gate");
     }
-    /* The checkpoint: the fp8 weights at odd multiples of 16 bytes of one allocation, their
-     * scales likewise in one f32 allocation. */
-    uint64_t c8 = 0, c32 = 0;
-    const uint64_t o13 = place(&c8, 1, E * 2 * I * H), o2 = place(&c8, 1, E * H * I);
-    const uint64_t os13 = place(&c8, 1, 2 * Is * H), os2 = place(&c8, 1, H * Is);
+    /* The checkpoints: the fp8 weights at (W13, W2, shared W13, shared W2) 96, 32, 64, 32
+     * bytes past multiples of 128, or 16, 48, 80, 112; their scales at odd multiples of 16
+     * bytes of one f32 allocation. */
+    static const uint64_t rest[2][4] = {{96, 32, 64, 32}, {16, 48, 80, 112}};
     const uint64_t n13s = E * 2 * I / 128 * H / 128, n2s = E * H / 128 * I / 128;
     const uint64_t ns13s = 2 * Is / 128 * H / 128, ns2s = H / 128 * Is / 128;
-    const uint64_t p13 = place(&c32, 4, n13s), p2 = place(&c32, 4, n2s);
-    const uint64_t ps13 = place(&c32, 4, ns13s), ps2 = place(&c32, 4, ns2s);
-    w->ckpt = new_buffer(SC_F8E4M3, c8, "checkpoint (fp8)");
-    w->ckpt32 = new_buffer(SC_F32, c32 / 4 + 1, "checkpoint scales");
-    w->vw13 = into(w->ckpt, o13, w->dw13, E * 2 * I * H);
-    w->vw2 = into(w->ckpt, o2, w->dw2, E * H * I);
-    w->vsw13 = into(w->ckpt, os13, w->dsw13, 2 * Is * H);
-    w->vsw2 = into(w->ckpt, os2, w->dsw2, H * Is);
-    w->vw13s = into(w->ckpt32, p13, w->dw13s, n13s);
-    w->vw2s = into(w->ckpt32, p2, w->dw2s, n2s);
-    w->vsw13s = into(w->ckpt32, ps13, w->dsw13s, ns13s);
-    w->vsw2s = into(w->ckpt32, ps2, w->dsw2s, ns2s);
+    for (int c = 0; c < 2; c++) {
+        uint64_t c8 = 0, c32 = 0;
+        const uint64_t o13 = place(&c8, 1, E * 2 * I * H, rest[c][0]);
+        const uint64_t o2 = place(&c8, 1, E * H * I, rest[c][1]);
+        const uint64_t os13 = place(&c8, 1, 2 * Is * H, rest[c][2]);
+        const uint64_t os2 = place(&c8, 1, H * Is, rest[c][3]);
+        const uint64_t p13 = place(&c32, 4, n13s, 16), p2 = place(&c32, 4, n2s, 48);
+        const uint64_t ps13 = place(&c32, 4, ns13s, 80), ps2 = place(&c32, 4, ns2s, 112);
+        w->v[c].ckpt = new_buffer(SC_F8E4M3, c8, "checkpoint (fp8)");
+        w->v[c].ckpt32 = new_buffer(SC_F32, c32 / 4 + 1, "checkpoint scales");
+        w->v[c].w13 = into(w->v[c].ckpt, o13, w->dw13, E * 2 * I * H);
+        w->v[c].w2 = into(w->v[c].ckpt, o2, w->dw2, E * H * I);
+        w->v[c].sw13 = into(w->v[c].ckpt, os13, w->dsw13, 2 * Is * H);
+        w->v[c].sw2 = into(w->v[c].ckpt, os2, w->dsw2, H * Is);
+        w->v[c].w13s = into(w->v[c].ckpt32, p13, w->dw13s, n13s);
+        w->v[c].w2s = into(w->v[c].ckpt32, p2, w->dw2s, n2s);
+        w->v[c].sw13s = into(w->v[c].ckpt32, ps13, w->dsw13s, ns13s);
+        w->v[c].sw2s = into(w->v[c].ckpt32, ps2, w->dsw2s, ns2s);
+    }
 }
 
 static void free_weights(weights *w)
 {
     sc_buffer bufs[] = {w->drouter, w->dw13, w->dw2, w->dw13s, w->dw2s, w->dsw13, w->dsw2,
                         w->dsw13s, w->dsw2s, w->dsbias, w->drbias, w->db13, w->db2, w->dgate,
-                        w->ckpt, w->ckpt32};
+                        w->v[0].ckpt, w->v[0].ckpt32, w->v[1].ckpt, w->v[1].ckpt32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i].id)
             CHECK_OK(sc_buffer_destroy(bufs[i]));
@@ -269,11 +281,12 @@ static sc_view opt(sc_buffer b)
     return b.id ? sc_view_of(b) : none;
 }
 
-static sc_moe_desc layer_desc(const model *m, const weights *w, bool views)
+/* The layer over the whole buffers (views -1) or over checkpoint views (0, 1). */
+static sc_moe_desc layer_desc(const model *m, const weights *w, int views)
 {
     sc_moe_desc d = {.experts = m->E, .top_k = m->k, .hidden = m->H, .intermediate = m->I,
                      .scoring = m->scoring, .renormalize = m->renormalize,
-                     .label = views ? "moe-fp8-views" : "moe-fp8",
+                     .label = views >= 0 ? "moe-fp8-views" : "moe-fp8",
                      .n_group = m->n_group, .topk_group = m->topk_group,
                      .routed_scaling = m->scaling, .activation = m->act,
                      .w13_layout = m->layout, .shared_intermediate = m->S * m->I,
@@ -281,15 +294,15 @@ static sc_moe_desc layer_desc(const model *m, const weights *w, bool views)
                      .selection_bias = w->dsbias, .router_bias = opt(w->drbias),
                      .w13_bias = opt(w->db13), .w2_bias = opt(w->db2),
                      .shared_gate = opt(w->dgate)};
-    if (views) {
-        d.w13_view = w->vw13;
-        d.w2_view = w->vw2;
-        d.shared_w13 = w->vsw13;
-        d.shared_w2 = w->vsw2;
-        d.w13_scale = w->vw13s;
-        d.w2_scale = w->vw2s;
-        d.shared_w13_scale = w->vsw13s;
-        d.shared_w2_scale = w->vsw2s;
+    if (views >= 0) {
+        d.w13_view = w->v[views].w13;
+        d.w2_view = w->v[views].w2;
+        d.shared_w13 = w->v[views].sw13;
+        d.shared_w2 = w->v[views].sw2;
+        d.w13_scale = w->v[views].w13s;
+        d.w2_scale = w->v[views].w2s;
+        d.shared_w13_scale = w->v[views].sw13s;
+        d.shared_w2_scale = w->v[views].sw2s;
     } else {
         d.w13 = w->dw13;
         d.w2 = w->dw2;
@@ -303,13 +316,13 @@ static sc_moe_desc layer_desc(const model *m, const weights *w, bool views)
     return d;
 }
 
-static sc_moe make_layer(const model *m, const weights *w, bool views)
+static sc_moe make_layer(const model *m, const weights *w, int views)
 {
     sc_moe_desc d = layer_desc(m, w, views);
     sc_moe layer = {0};
     sc_status s = sc_moe_create(ctx, &d, &layer);
     if (s != SC_OK)
-        fprintf(stderr, "%s%s: %s\n", m->name, views ? " (views)" : "", sc_last_error());
+        fprintf(stderr, "%s%s: %s\n", m->name, views >= 0 ? " (views)" : "", sc_last_error());
     REQUIRE(s == SC_OK);
     return layer;
 }
@@ -491,8 +504,8 @@ static uint16_t *random_x(uint64_t n, uint64_t *seed)
 
 /* The layer's own routing at T tokens: checked forward, repeat, views, out += layer(x),
  * and (graph) a captured forward's replays. */
-static void run_case(const model *m, const weights *w, sc_moe layer, sc_moe vlayer, uint64_t T,
-                     uint64_t seed, bool graph)
+static void run_case(const model *m, const weights *w, sc_moe layer, const sc_moe *vlayer,
+                     uint64_t T, uint64_t seed, bool graph)
 {
     const uint64_t H = (uint64_t)m->H, n = T * H, nk = T * (uint64_t)m->k;
     uint16_t *x = random_x(n, &seed);
@@ -518,9 +531,19 @@ static void run_case(const model *m, const weights *w, sc_moe layer, sc_moe vlay
     CHECK_BYTES(out2, out, n * 2, "repeated forward: out");
 
     poison(dout, SC_BF16, 2);
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer, sc_view_of(dx), sc_view_of(dout), NULL));
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[0], sc_view_of(dx), sc_view_of(dout), NULL));
     download(out2, n * 2, dout);
-    CHECK_BYTES(out2, out, n * 2, "weights as views: out");
+    CHECK_BYTES(out2, out, n * 2, "weights as views at 32-byte steps: out");
+    poison(dout, SC_BF16, 3);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[1], sc_view_of(dx), sc_view_of(dout), NULL));
+    download(out2, n * 2, dout);
+    compare(m, w, T, x, out2, ids, wts, NULL, "weights as views at odd 16-byte steps");
+    poison(dout, SC_BF16, 4);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[1], sc_view_of(dx), sc_view_of(dout), NULL));
+    uint16_t *out3 = test_xmalloc(n * 2);
+    download(out3, n * 2, dout);
+    CHECK_BYTES(out3, out2, n * 2, "weights as views at odd 16-byte steps, repeated: out");
+    free(out3);
 
     REQUIRE(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(dout), old, n * 2) == SC_OK);
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
@@ -569,11 +592,12 @@ static void run_model(const model *m, const uint64_t *Ts, int nT, uint64_t seed)
     printf("%s\n", m->name);
     weights w;
     make_weights(m, &w, seed);
-    sc_moe layer = make_layer(m, &w, false), vlayer = make_layer(m, &w, true);
+    sc_moe layer = make_layer(m, &w, -1), vlayer[2] = {make_layer(m, &w, 0), make_layer(m, &w, 1)};
     for (int i = 0; i < nT; i++)
         run_case(m, &w, layer, vlayer, Ts[i], seed * 100 + (uint64_t)i, Ts[i] == 7 || Ts[i] == 129);
     CHECK_OK(sc_moe_destroy(layer));
-    CHECK_OK(sc_moe_destroy(vlayer));
+    CHECK_OK(sc_moe_destroy(vlayer[0]));
+    CHECK_OK(sc_moe_destroy(vlayer[1]));
     free_weights(&w);
 }
 
@@ -606,11 +630,13 @@ static void test_tiles(void)
             printf("%s, tile %s\n", m->name, tiles[t]);
             weights w;
             make_weights(m, &w, 31 + t);
-            sc_moe layer = make_layer(m, &w, false), vlayer = make_layer(m, &w, true);
+            sc_moe layer = make_layer(m, &w, -1);
+            sc_moe vlayer[2] = {make_layer(m, &w, 0), make_layer(m, &w, 1)};
             for (int j = 0; j < 2; j++)
                 run_case(m, &w, layer, vlayer, Ts[j], 500 + t * 10 + (uint64_t)j, false);
             CHECK_OK(sc_moe_destroy(layer));
-            CHECK_OK(sc_moe_destroy(vlayer));
+            CHECK_OK(sc_moe_destroy(vlayer[0]));
+            CHECK_OK(sc_moe_destroy(vlayer[1]));
             free_weights(&w);
         }
     }
@@ -625,7 +651,7 @@ static void test_caller_routing(void)
     printf("%s, the caller's routing\n", m->name);
     weights w;
     make_weights(m, &w, 21);
-    sc_moe layer = make_layer(m, &w, false);
+    sc_moe layer = make_layer(m, &w, -1);
     const uint64_t T = quick ? 33 : 1000, H = (uint64_t)m->H, k = (uint64_t)m->k;
     uint64_t seed = 77;
     uint16_t *x = random_x(T * H, &seed), *out = test_xmalloc(T * H * 2);
@@ -676,7 +702,7 @@ int main(void)
         /* fp8 experts are refused off sm_90, saying why */
         weights w;
         make_weights(&models[M_GEGLU], &w, 5);
-        sc_moe_desc d = layer_desc(&models[M_GEGLU], &w, false);
+        sc_moe_desc d = layer_desc(&models[M_GEGLU], &w, -1);
         sc_moe layer;
         CHECK_FAIL(sc_moe_create(ctx, &d, &layer), SC_ERR_NOT_SUPPORTED, "sc_moe_create");
         CHECK_MSG("SM90 backend");

@@ -541,14 +541,15 @@ static void test_fp8(void)
     c.tile_override = SCI_MOE_TILE_FP8_SMALL;
     CHECK_EQ(plan(&c, 4096).tile, SCI_MOE_TILE_FP8_SMALL);
     CHECK_EQ(sci_moe_tile_named("fp8_large"), SCI_MOE_TILE_FP8_LARGE);
-    /* the workspace: e4m3 x [R, H] and h [R, I], their f32 scales [R, H/128], [R, I/128];
-     * no bf16 x in expert order or h */
+    /* the workspace: e4m3 x [R, H] and h [R, I], rows padded by 128 bytes for the K shift,
+     * their f32 scales [R, H/128], [R, I/128]; no bf16 x in expert order or h */
     c.tile_override = -1;
     uint64_t n[SCI_MOE_W_COUNT];
     sci_moe_workspace_counts(&c, 10, n);
-    CHECK_EQ(n[SCI_MOE_W_XQ], 80 * 7168);
+    CHECK_EQ(n[SCI_MOE_W_XQ], 80 * (7168 + 128));
+    CHECK_EQ(SC_MOE_SM90_A_PAD_FP8, 128);
     CHECK_EQ(n[SCI_MOE_W_XS], 80 * 56);
-    CHECK_EQ(n[SCI_MOE_W_HQ], 80 * 2048);
+    CHECK_EQ(n[SCI_MOE_W_HQ], 80 * (2048 + SC_MOE_SM90_A_PAD_FP8));
     CHECK_EQ(n[SCI_MOE_W_HS], 80 * 16);
     CHECK_EQ(n[SCI_MOE_W_XPERM], 0);
     CHECK_EQ(n[SCI_MOE_W_H], 0);
