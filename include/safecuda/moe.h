@@ -70,6 +70,13 @@ typedef enum sc_moe_w13_layout {
     SC_MOE_W13_INTERLEAVED   /* row 2i gate, row 2i + 1 up (gpt-oss) */
 } sc_moe_w13_layout;
 
+/* A tensor-parallel layer's output (sc_moe_desc.tp_output). */
+typedef enum sc_moe_tp_output {
+    SC_MOE_TP_ALL_REDUCE = 0,  /* every rank's out: the whole [T, H] output */
+    SC_MOE_TP_REDUCE_SCATTER   /* rank r's out: rows [r T/N, (r+1) T/N) of it (sequence
+                                  parallelism: x is the whole [T, H], T a multiple of N) */
+} sc_moe_tp_output;
+
 /* The layer's limits, defined here only: the kernels (kernels/moe/moe_config.cuh) and the
  * Python package (safecuda/_lib.py) can't include this header and hold copies, which every
  * build checks against these (cmake/check_moe_limits.cmake). */
@@ -167,8 +174,14 @@ typedef struct sc_moe_desc {
      * communicator was destroyed is SC_ERR_STALE_HANDLE, after it was aborted SC_ERR_COMM,
      * before anything is enqueued. Every rank must make the same forwards in the same order
      * (each is a collective: comm.h's rules, groups and threads, apply); in a stream capture
-     * the all-reduce is captured with the kernels. sc_moe_route makes no collective. */
+     * the all-reduce is captured with the kernels. sc_moe_route makes no collective.
+     * tp_output SC_MOE_TP_REDUCE_SCATTER (sequence-parallel callers): x is still the whole
+     * [T, H] on every rank (T a multiple of N), but each rank's out is its [T/N, H] rows
+     * r T/N .. (r+1) T/N - 1 of the output: the partial output goes to the layer's workspace
+     * ([T, H] bf16 more of it) and is reduce-scattered (sum, bf16) into out. With
+     * opts->accumulate every rank adds its own out (its rows' residual) once. */
     sc_comm tp_comm;
+    sc_moe_tp_output tp_output; /* SC_MOE_TP_ALL_REDUCE (0) or _REDUCE_SCATTER; needs tp_comm */
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their
@@ -234,7 +247,8 @@ typedef struct sc_moe_forward_desc {
  * Grows the workspace when T exceeds it (stream-ordered, no host synchronization).
  * Statuses: SC_ERR_TYPE_MISMATCH when x or out is not bf16, or an expert_ids /
  * expert_weights view is not i32 / f32; SC_ERR_INVALID_ARGUMENT when x is not T x H, out
- * differs from x in size, a view does not start 16-byte aligned, out overlaps x, or T is
+ * differs from x in size (a reduce-scattering tensor-parallel layer: out is not T/N x H, or
+ * T is not a multiple of N), a view does not start 16-byte aligned, out overlaps x, or T is
  * too large for one forward; SC_ERR_OUT_OF_BOUNDS when an optional output view does not
  * hold T x k elements, or routing_ids / routing_weights do not (they are i32 / f32, given
  * together); SC_ERR_INVALID_ARGUMENT with check_routing when a routing id >= E was met
@@ -243,7 +257,8 @@ typedef struct sc_moe_forward_desc {
  * SC_ERR_OUT_OF_MEMORY / SC_ERR_BUDGET_EXCEEDED when the workspace can't grow; the view
  * statuses of safecuda.h. A tensor-parallel layer (desc->tp_comm): SC_ERR_STALE_HANDLE when
  * its communicator was destroyed, SC_ERR_COMM / SC_ERR_TIMEOUT when it was aborted, and the
- * statuses of sc_comm_all_reduce. Every check is made before anything is enqueued. */
+ * statuses of sc_comm_all_reduce (sc_comm_reduce_scatter). Every check is made before
+ * anything is enqueued. */
 SC_API sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
                                 const sc_moe_forward_desc *opts);
 

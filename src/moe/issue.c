@@ -419,16 +419,40 @@ static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts
     return SC_OK;
 }
 
+/* Reduce-scattered tensor parallel, accumulating: the partial starts as zeros with this
+ * rank's rows holding its out (the residual), so that the reduce-scatter adds each residual
+ * once. */
+static sc_status issue_tp_residual(const forward *f)
+{
+    const sci_moe *m = f->m;
+    const uint64_t rows = f->tp_out.count; /* T / N x H */
+    const uint16_t zero = 0;
+    sc_view mine = f->out;
+    mine.offset += (uint64_t)m->tp_rank * rows;
+    mine.count = rows;
+    sc_status s;
+    if ((s = step(f->st, "tp residual")) != SC_OK || (s = sc_fill(f->stream, f->out, &zero)) != SC_OK ||
+        (s = sc_copy(f->stream, mine, f->tp_out)) != SC_OK)
+        sci_error_append(" (putting the residual into the reduce-scattered partial output)");
+    return s;
+}
+
 sc_status sci_moe_issue(forward *f, const sc_moe_forward_desc *opts)
 {
     const bool caller = opts && opts->routing_ids.buffer.id;
-    sc_status s = f->p->route_small ? issue_route_small(f) : issue_route(f, caller);
+    sc_status s = SC_OK;
+    if (f->m->cfg.tp_scatter && f->accumulate)
+        s = issue_tp_residual(f);
+    if (s == SC_OK)
+        s = f->p->route_small ? issue_route_small(f) : issue_route(f, caller);
     if (s == SC_OK)
         s = issue_gemms(f);
     if (s == SC_OK)
         s = issue_combine(f, opts);
-    if (s == SC_OK && f->m->desc.tp_comm.id && (s = step(f->st, "tp all-reduce")) == SC_OK)
-        s = sci_moe_tp_reduce(&f->m->desc, f->stream, f->out);
+    if (s == SC_OK && f->m->desc.tp_comm.id &&
+        (s = step(f->st, f->m->cfg.tp_scatter ? "tp reduce-scatter" : "tp all-reduce")) == SC_OK)
+        s = sci_moe_tp_reduce(&f->m->desc, f->stream, f->m->cfg.tp_scatter ? f->tp_out : f->out,
+                              f->out);
     return s;
 }
 

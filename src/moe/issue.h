@@ -27,6 +27,7 @@ typedef struct sci_moe_fwd {
     const sci_moe_plan *p;
     sc_stream stream;
     sc_view x, out, ids, weights;
+    sc_view tp_out; /* reduce-scattered tensor parallel: the caller's out (out: the partial) */
     bool accumulate;
     sci_moe_steps *st;
 } sci_moe_fwd;

@@ -291,11 +291,26 @@ static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *
     if (op.dtype != SC_BF16)
         return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "out is %s; it must be bf16",
                         sc_dtype_name(op.dtype));
-    if (ov->count != xv->count)
+    if (m->cfg.tp_scatter) { /* out: the rank's T / N rows */
+        const uint64_t N = (uint64_t)m->tp_nranks;
+        if (*T % N)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "x holds T = %llu tokens: a reduce-scattering tensor-parallel layer "
+                            "(desc->tp_output) takes a multiple of its %llu ranks",
+                            (unsigned long long)*T, (unsigned long long)N);
+        if (ov->count != *T / N * (uint64_t)m->desc.hidden)
+            return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                            "out has %llu elements: a reduce-scattering tensor-parallel layer "
+                            "writes rank %d's T / N = %llu / %llu rows of H = %d (%llu elements)",
+                            (unsigned long long)ov->count, m->tp_rank, (unsigned long long)*T,
+                            (unsigned long long)N, m->desc.hidden,
+                            (unsigned long long)(*T / N * (uint64_t)m->desc.hidden));
+    } else if (ov->count != xv->count) {
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "x has %llu elements and out %llu: both must be T x H with H = %d",
                         (unsigned long long)xv->count, (unsigned long long)ov->count,
                         m->desc.hidden);
+    }
     if (ov->offset % SC_MOE_ALIGN)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "out starts at element %llu of its buffer: the kernels write 16-byte "
@@ -546,9 +561,11 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     sci_moe_plan plan;
     /* Tensor parallel: the residual is added on rank 0 only (the others write their partial
-     * over out), and the all-reduce sums the partials. */
+     * over out), and the all-reduce sums the partials. Reduce-scattered: every rank's partial
+     * goes to the workspace, where each rank's residual rows are put first (issue.c). */
     sci_moe_fwd f = {.m = m, .p = &plan, .stream = stream, .st = &st,
-                 .accumulate = opts && opts->accumulate && m->tp_rank == 0};
+                     .accumulate = opts && opts->accumulate &&
+                                   (m->tp_rank == 0 || m->cfg.tp_scatter)};
     uint64_t T = 0;
     sc_view rids, rweights;
     const bool caller = opts && opts->routing_ids.buffer.id;
@@ -558,6 +575,11 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         (s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
         (s = check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
         (s = begin(m, stream, T, waits, caller, fn, &plan)) == SC_OK) {
+        if (m->cfg.tp_scatter) { /* the partial [T, H] in the workspace, then out */
+            f.tp_out = f.out;
+            f.out = sc_view_of(m->ws[SCI_MOE_W_TP_PART]);
+            f.out.count = T * (uint64_t)m->desc.hidden;
+        }
         f.ids = caller ? rids : sc_view_of(m->ws[SCI_MOE_W_IDS]);
         f.weights = caller ? rweights : sc_view_of(m->ws[SCI_MOE_W_WEIGHTS]);
         if (!caller) { /* the first T x k of the workspace's */

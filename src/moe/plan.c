@@ -65,6 +65,7 @@ const sci_moe_ws_info sci_moe_workspace[SCI_MOE_W_COUNT] = {
     [SCI_MOE_W_XS] = {SC_F32, "moe x scales", false},
     [SCI_MOE_W_HQ] = {SC_F8E4M3, "moe h (fp8)", true}, /* (padding: 0) */
     [SCI_MOE_W_HS] = {SC_F32, "moe h scales", false},
+    [SCI_MOE_W_TP_PART] = {SC_BF16, "moe partial output (tensor parallel)", false},
 };
 
 int sci_moe_tile_named(const char *name)
@@ -116,6 +117,7 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_XS] = c->fp8 ? rows * (H / SC_MOE_FP8_BLOCK) : 0;
     count[SCI_MOE_W_HQ] = c->fp8 ? rows * (I + pad) : 0;
     count[SCI_MOE_W_HS] = c->fp8 ? rows * (I / SC_MOE_FP8_BLOCK) : 0;
+    count[SCI_MOE_W_TP_PART] = c->tp_scatter ? tokens * H : 0;
 }
 
 uint64_t sci_moe_workspace_bytes_for(const sci_moe_config *c, uint64_t tokens)

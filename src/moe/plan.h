@@ -63,6 +63,7 @@ typedef enum sci_moe_ws {
     SCI_MOE_W_POS, SCI_MOE_W_H, SCI_MOE_W_Y, SCI_MOE_W_NO_BIAS, SCI_MOE_W_XPERM,
     SCI_MOE_W_TICKET, SCI_MOE_W_SHARED_W,
     SCI_MOE_W_XQ, SCI_MOE_W_XS, SCI_MOE_W_HQ, SCI_MOE_W_HS, /* fp8: x and h, e4m3 + scales */
+    SCI_MOE_W_TP_PART, /* tensor parallel, reduce-scattered: the rank's partial [T, H] */
     SCI_MOE_W_COUNT
 } sci_moe_ws;
 
@@ -86,6 +87,8 @@ typedef struct sci_moe_config {
     int tile_override;      /* SM90 tile shape from SAFECUDA_MOE_TILE (tuning), or -1 */
     int group_override;     /* GROUP_M from SAFECUDA_MOE_GROUP_M (tuning), or 0 */
     bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
+    bool tp_scatter;        /* tensor parallel, reduce-scattered: the partial output in the
+                               workspace (SCI_MOE_W_TP_PART) */
 } sci_moe_config;
 
 /* SM90: the elements by which the GEMMs' A rows (x in expert order, h) exceed H or I, 128

@@ -1,6 +1,6 @@
 /* The MoE layer's tensor parallelism (sc_moe_desc.tp_comm): the communicator's checks when the
- * layer is made and before each forward enqueues anything, and the all-reduce of the rank's
- * partial output at the end of a forward. The layer keeps the communicator's handle (not a
+ * layer is made and before each forward enqueues anything, and the all-reduce (or
+ * reduce-scatter) of the rank's partial output at the end of a forward. The layer keeps the communicator's handle (not a
  * registry reference, which would make sc_comm_destroy wait for the layer): a forward after
  * the communicator's destroy finds the handle stale. */
 #include <stdio.h>
@@ -69,11 +69,18 @@ sc_status sci_moe_tp_ready(const sc_moe_desc *d, const char *fn)
     return s;
 }
 
-sc_status sci_moe_tp_reduce(const sc_moe_desc *d, sc_stream stream, sc_view out)
+sc_status sci_moe_tp_reduce(const sc_moe_desc *d, sc_stream stream, sc_view out, sc_view partial)
 {
     if (!d->tp_comm.id)
         return SC_OK;
-    sc_status s = sc_comm_all_reduce(d->tp_comm, stream, out, out, SC_REDUCE_SUM);
+    if (d->tp_output == SC_MOE_TP_REDUCE_SCATTER) {
+        sc_status s = sc_comm_reduce_scatter(d->tp_comm, stream, out, partial, SC_REDUCE_SUM);
+        if (s != SC_OK)
+            sci_error_append(" (the reduce-scatter of the rank's partial output over "
+                             "desc->tp_comm)");
+        return s;
+    }
+    sc_status s = sc_comm_all_reduce(d->tp_comm, stream, out, partial, SC_REDUCE_SUM);
     if (s != SC_OK)
         sci_error_append(" (the all-reduce of the rank's partial output over desc->tp_comm)");
     return s;

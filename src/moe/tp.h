@@ -12,7 +12,8 @@ sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const c
                            int *rank, int *nranks);
 /* Before a forward enqueues anything: tp_comm not destroyed, not aborted. */
 sc_status sci_moe_tp_ready(const sc_moe_desc *d, const char *fn);
-/* The all-reduce (sum) of out, in place, on stream. */
-sc_status sci_moe_tp_reduce(const sc_moe_desc *d, sc_stream stream, sc_view out);
+/* The sum over the ranks of each rank's partial [T, H] into out on stream: all-reduced (out
+ * is partial: in place), or reduce-scattered (out: the rank's T / N rows). */
+sc_status sci_moe_tp_reduce(const sc_moe_desc *d, sc_stream stream, sc_view out, sc_view partial);
 
 #endif

@@ -68,6 +68,15 @@ sc_status sci_moe_check_desc(sc_moe_desc *d, const char *fn)
         d->expert_dtype = SC_BF16;
     if ((unsigned)d->backend > SC_MOE_BACKEND_SM90)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->backend = %d", (int)d->backend);
+    if ((unsigned)d->tp_output > SC_MOE_TP_REDUCE_SCATTER)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "desc->tp_output = %d: SC_MOE_TP_ALL_REDUCE (0) or "
+                        "SC_MOE_TP_REDUCE_SCATTER (1)",
+                        (int)d->tp_output);
+    if (d->tp_output == SC_MOE_TP_REDUCE_SCATTER && !d->tp_comm.id)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "desc->tp_output = SC_MOE_TP_REDUCE_SCATTER without a tp_comm: only a "
+                        "tensor-parallel layer reduce-scatters its output");
     const int E = d->experts, k = d->top_k, H = d->hidden, I = d->intermediate;
     if (d->dtype != SC_BF16)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn, "dtype %s: the MoE kernels take bf16",
@@ -269,7 +278,8 @@ sci_moe_config sci_moe_layer_config(const sc_moe_desc *d, const sci_context *c)
                           .groups = d->experts + S, .slots = d->top_k + S,
                           .logit_cols = d->experts + (d->shared_gate.buffer.id != 0),
                           .backend = d->backend, .fp8 = d->expert_dtype == SC_F8E4M3,
-                          .sm_count = c->props.sm_count};
+                          .sm_count = c->props.sm_count,
+                          .tp_scatter = d->tp_output == SC_MOE_TP_REDUCE_SCATTER};
     cfg.tile_override = sci_moe_tile_named(getenv("SAFECUDA_MOE_TILE"));
     const char *pdl_env = getenv("SAFECUDA_MOE_PDL");
     cfg.pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);

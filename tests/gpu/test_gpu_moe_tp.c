@@ -8,7 +8,9 @@
  * forward. A DeepSeek-V3-like layer (sigmoid, grouped routing, selection bias, routed
  * scaling, a shared expert) in bf16 and with fp8 experts (compute capability 9.0), and a
  * gpt-oss-like one (interleaved W13, clamped SwiGLU, router, W13 and W2 biases). T = 1, 7,
- * 129, 4096. Outputs poisoned first. Skipped (77) with fewer than 2 GPUs or without NCCL.
+ * 129, 4096. The reduce-scattered output (desc->tp_output, sequence parallelism) at T = N and
+ * 4096: each rank's rows of the one-GPU output, plain and accumulating (its own residual
+ * rows). Outputs poisoned first. Skipped (77) with fewer than 2 GPUs or without NCCL.
  * --gpus N: N ranks only. */
 #include <math.h>
 #include <pthread.h>
@@ -32,7 +34,7 @@ typedef struct model {
 typedef struct layer_bufs {
     sc_buffer b[14];
     int n;
-    sc_moe layer;
+    sc_moe layer, rs; /* rs: the same layer, reduce-scattering (ranks only) */
 } layer_bufs;
 
 static uint64_t seed = 0x5eed;
@@ -206,12 +208,19 @@ static sc_status make_layer(sc_context ctx, const model *m, int r, int n, sc_com
         free(p);
         d.w2_bias = upload(ctx, lb, SC_F32, m->b2, E * H); /* replicated; used on rank 0 */
     }
-    return sc_moe_create(ctx, &d, &lb->layer);
+    sc_status s = sc_moe_create(ctx, &d, &lb->layer);
+    if (s == SC_OK && comm.id) {
+        d.tp_output = SC_MOE_TP_REDUCE_SCATTER;
+        s = sc_moe_create(ctx, &d, &lb->rs);
+    }
+    return s;
 }
 
 static void free_layer(layer_bufs *lb)
 {
     CHECK_OK(sc_moe_destroy(lb->layer));
+    if (lb->rs.id)
+        CHECK_OK(sc_moe_destroy(lb->rs));
     for (int i = 0; i < lb->n; i++)
         CHECK_OK(sc_buffer_destroy(lb->b[i]));
 }
@@ -266,6 +275,41 @@ static void *rank_run(void *arg)
     return NULL;
 }
 
+/* The reduce-scattering layer of rank r of n: out = its T / n rows, then with its rows of
+ * res accumulated. */
+typedef struct rs_job {
+    sc_context ctx;
+    sc_moe layer;
+    const uint16_t *x, *res;
+    uint64_t T;
+    int H, r, n;
+    uint16_t *out, *acc; /* T / n rows each */
+} rs_job;
+
+static void *rs_run(void *arg)
+{
+    rs_job *j = arg;
+    const uint64_t n = j->T * (uint64_t)j->H, rows = n / (uint64_t)j->n;
+    sc_stream s;
+    sc_buffer x, out;
+    REQUIRE(sc_stream_create(j->ctx, NULL, &s) == SC_OK);
+    REQUIRE(sc_buffer_create(j->ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = n}, &x) == SC_OK);
+    REQUIRE(sc_buffer_create(j->ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = rows}, &out) == SC_OK);
+    const uint16_t poison = 0x7fc1; /* a NaN */
+    CHECK_OK(sc_copy_from_host(s, sc_view_of(x), j->x, n * 2));
+    CHECK_OK(sc_fill(s, sc_view_of(out), &poison));
+    CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out), NULL));
+    CHECK_OK(sc_copy_to_host(s, j->out, rows * 2, sc_view_of(out)));
+    CHECK_OK(sc_copy_from_host(s, sc_view_of(out), j->res + (uint64_t)j->r * rows, rows * 2));
+    CHECK_OK(sc_moe_forward(s, j->layer, sc_view_of(x), sc_view_of(out),
+                            &(sc_moe_forward_desc){.accumulate = true}));
+    CHECK_OK(sc_copy_to_host(s, j->acc, rows * 2, sc_view_of(out)));
+    CHECK_OK(sc_buffer_destroy(x));
+    CHECK_OK(sc_buffer_destroy(out));
+    CHECK_OK(sc_stream_destroy(s));
+    return NULL;
+}
+
 static double rel_l2(const uint16_t *got, const uint16_t *want, size_t n)
 {
     double num = 0, den = 0;
@@ -287,7 +331,7 @@ static void run_model(sc_context *ctxs, sc_comm *comms, int n, model *m)
             fprintf(stderr, "%s rank %d: %s\n", m->name, r, sc_last_error());
             REQUIRE(false);
         }
-    const uint64_t tokens[] = {1, 7, 129, 4096};
+    const uint64_t tokens[] = {1, 7, 129, 4096, (uint64_t)n};
     for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
         const uint64_t T = tokens[ti], cnt = T * (uint64_t)m->H;
         uint16_t *x = bf16_random(cnt, 1.0f), *res = bf16_random(cnt, 1.0f);
@@ -307,6 +351,29 @@ static void run_model(sc_context *ctxs, sc_comm *comms, int n, model *m)
         }
         for (int r = 0; r < n; r++)
             pthread_join(th[r], NULL);
+        if (T % (uint64_t)n == 0 && (T == (uint64_t)n || T == 4096)) {
+            /* reduce-scattered: rank r's rows of the one-GPU output */
+            rs_job rj[MAX_RANKS];
+            const uint64_t rows = cnt / (uint64_t)n;
+            for (int r = 0; r < n; r++) {
+                rj[r] = (rs_job){ctxs[r], ranks[r].rs, x, res, T, m->H, r, n,
+                                 test_xmalloc(rows * 2), test_xmalloc(rows * 2)};
+                REQUIRE(pthread_create(&th[r], NULL, rs_run, &rj[r]) == 0);
+            }
+            for (int r = 0; r < n; r++)
+                pthread_join(th[r], NULL);
+            for (int r = 0; r < n; r++) {
+                const double e = rel_l2(rj[r].out, ref + (uint64_t)r * rows, rows);
+                const double ea = rel_l2(rj[r].acc, ref_acc + (uint64_t)r * rows, rows);
+                printf("%s, %d ranks, T = %llu, rank %d, reduce-scattered: rel L2 %.2e, "
+                       "accumulating %.2e\n",
+                       m->name, n, (unsigned long long)T, r, e, ea);
+                CHECK(e <= 1e-2);
+                CHECK(ea <= 1e-2);
+                free(rj[r].out);
+                free(rj[r].acc);
+            }
+        }
         for (int r = 0; r < n; r++) {
             const double e = rel_l2(jobs[r].out, ref, cnt), ea = rel_l2(jobs[r].acc, ref_acc, cnt);
             const bool same = memcmp(jobs[r].graph, jobs[r].out, cnt * 2) == 0;

@@ -5,8 +5,11 @@
  * so out keeps what each rank put there, and the double really sums, so out on every rank
  * must come back as the sum of the ranks' contents (the collective ran on out, in place, in
  * bf16, after the layer's launches, which the launch checks passed), plain and accumulating,
- * and in a stream capture replayed. Nothing here says anything about the layer's results
- * (tests/gpu/test_gpu_moe_tp.c compares them with the one-GPU layer on GPUs). */
+ * and in a stream capture replayed. The reduce-scattered output (desc->tp_output): its refusals,
+ * and accumulating forwards whose out (each rank's rows) comes back as its own residual (the
+ * partial starts as zeros with the rank's rows holding its out; no kernel adds to it here).
+ * Nothing here says anything about the layer's results (tests/gpu/test_gpu_moe_tp.c
+ * compares them with the one-GPU layer on GPUs). */
 #define _GNU_SOURCE
 
 #include "../bf16.h"
@@ -106,11 +109,64 @@ static void test_forward_refusals(void)
     free_rank(&r0);
 }
 
+/* ---- the reduce-scattered output ------------------------------------------------------------ */
+
+static void test_reduce_scatter_refusals(void)
+{
+    rank_layer r0;
+    sc_moe_desc d = rank_desc(ctxs[0], &r0, (sc_comm){0});
+    d.tp_output = SC_MOE_TP_REDUCE_SCATTER;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->tp_output = SC_MOE_TP_REDUCE_SCATTER without a tp_comm: "
+                  "only a tensor-parallel layer reduce-scatters its output");
+    d.tp_comm = comms[0];
+    d.tp_output = (sc_moe_tp_output)2;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->tp_output = 2: SC_MOE_TP_ALL_REDUCE (0) or "
+                  "SC_MOE_TP_REDUCE_SCATTER (1)");
+    CHECK(r0.layer.id == 0);
+    /* made: T = 5 is no multiple of 2 ranks; out not T / N rows */
+    d.tp_output = SC_MOE_TP_REDUCE_SCATTER;
+    REQUIRE(sc_moe_create(ctxs[0], &d, &r0.layer) == SC_OK);
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, sc_view_of(r0.w[4]),
+                                 sc_view_of(r0.w[5]), NULL),
+                  SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_forward: x holds T = 5 tokens: a reduce-scattering tensor-parallel "
+                  "layer (desc->tp_output) takes a multiple of its 2 ranks");
+    sc_view x4;
+    REQUIRE(sc_buffer_view(r0.w[4], 0, 4 * H, &x4) == SC_OK);
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, sc_view_of(r0.w[5]), NULL),
+                  SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_forward: out has %d elements: a reduce-scattering tensor-parallel "
+                  "layer writes rank 0's T / N = 4 / 2 rows of H = %d (%d elements)",
+                  T * H, H, 2 * H);
+    CHECK_OK(sc_moe_destroy(r0.layer));
+    free_rank(&r0);
+}
+
 /* ---- the all-reduce, one thread per rank ----------------------------------------------------- */
 
 static rank_layer ranks[N];
 static uint16_t contents[N][T * H], got[N][T * H];
 static bool accumulate_now, capture_now;
+
+/* Reduce-scattered, accumulating, T = 4: each rank's out (2 rows) is its residual again. */
+static sc_moe rs_layers[N];
+static void *rank_scatter(void *arg)
+{
+    const int r = (int)(intptr_t)arg;
+    sc_view x4, out2;
+    REQUIRE(sc_buffer_view(ranks[r].w[4], 0, 4 * H, &x4) == SC_OK);
+    REQUIRE(sc_buffer_view(ranks[r].w[5], 0, 2 * H, &out2) == SC_OK);
+    upload(ranks[r].w[5], contents[r], sizeof contents[r]);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, rs_layers[r], x4, out2,
+                            &(sc_moe_forward_desc){.accumulate = true}));
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, rs_layers[r], x4, out2,
+                            &(sc_moe_forward_desc){.accumulate = true}));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    download(ranks[r].w[5], got[r], sizeof got[r]);
+    return NULL;
+}
 
 static void *rank_forward(void *arg)
 {
@@ -180,6 +236,24 @@ static void test_all_reduce(void)
     run_ranks(true, false, 12);
     run_ranks(false, true, 13);
     run_ranks(true, true, 14);
+    /* reduce-scattered: the same weights, a layer per rank */
+    for (int r = 0; r < N; r++) {
+        d[r].tp_output = SC_MOE_TP_REDUCE_SCATTER;
+        REQUIRE(sc_moe_create(ctxs[r], &d[r], &rs_layers[r]) == SC_OK);
+    }
+    uint64_t st = 15;
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < T * H; i++)
+            contents[r][i] = f2bf((float)((double)(test_rand(&st) >> 11) / 9007199254740992.0 * 2 - 1));
+    pthread_t th[N];
+    for (int r = 0; r < N; r++)
+        REQUIRE(pthread_create(&th[r], NULL, rank_scatter, (void *)(intptr_t)r) == 0);
+    for (int r = 0; r < N; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < N; r++) {
+        CHECK(memcmp(got[r], contents[r], sizeof got[r]) == 0); /* out's 2 rows and the rest */
+        CHECK_OK(sc_moe_destroy(rs_layers[r]));
+    }
     for (int r = 0; r < N; r++) {
         CHECK_OK(sc_moe_destroy(ranks[r].layer));
         free_rank(&ranks[r]);
@@ -209,6 +283,7 @@ int main(void)
     const int misuse0 = fake.misuse_count();
     test_refusals();
     test_forward_refusals();
+    test_reduce_scatter_refusals();
     test_all_reduce();
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
