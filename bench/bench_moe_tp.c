@@ -1,0 +1,380 @@
+/* bench_moe_tp: the tensor-parallel MoE layer (sc_moe_desc.tp_comm) on N GPUs against the one
+ * GPU layer doing all the work, whole-forward times and the scaling efficiency.
+ *
+ * Per layer shape and token count T (every rank gets the same T tokens, as tensor parallelism
+ * runs them): the one-GPU layer over the full weights on GPU 0, then N ranks (a thread per GPU)
+ * each with its shard of I (I / N) and the all-reduce of the partial outputs. A sample: the
+ * ranks meet at a barrier, record a start event, run `reps` forwards, record an end event; a
+ * sample's time per forward is the slowest rank's. Warm-up samples first, the median of the
+ * timed ones after. Efficiency = t(1 GPU) / (N x t(N GPUs)): 100 % would be the work split
+ * perfectly with a free all-reduce. Weights are random (bf16 values, e4m3 values without NaN
+ * codes, block scales near 0.01): the timing does not depend on them; the tests check the
+ * results (tests/gpu/test_gpu_moe_tp.c).
+ *
+ *   bench_moe_tp [--gpus N] [--out DIR] [--quick]     (N: 2 .. the GPUs there; default 2)
+ *
+ * Needs N GPUs and NCCL: otherwise it exits 77 (skipped), saying why. NCCL_NVLS_ENABLE=0 is set
+ * unless the environment sets it. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+
+#include "bench_common.h"
+#include "safecuda/comm.h"
+#include "safecuda/moe.h"
+
+#define MAX_GPUS 8
+
+typedef struct shape {
+    const char *name;
+    int E, k, H, I, Is;
+    bool fp8, deepseek; /* deepseek: sigmoid, 8 groups (top 4), routed scaling 2.5, selection bias */
+} shape;
+
+static const shape shapes[] = {
+    {"mixtral", 8, 2, 4096, 14336, 0, false, false},
+    {"qwen3moe", 128, 8, 2048, 768, 0, false, false},
+    {"deepseek_v3 (bf16)", 256, 8, 7168, 2048, 2048, false, true},
+    {"deepseek_v3 (fp8)", 256, 8, 7168, 2048, 2048, true, true},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+/* ---- random weights ------------------------------------------------------------------- */
+
+static unsigned char *host_block; /* 16 MiB of random bytes */
+#define HOST_BLOCK (16u << 20)
+
+/* A buffer of count elements of dtype on ctx, filled with random values (bf16 from random
+ * bytes with the exponent kept small, e4m3 without NaN codes, f32 in [0.005, 0.015)). */
+static sc_buffer random_buffer(sc_context ctx, sc_stream s, sc_dtype dtype, uint64_t count,
+                               const char *label)
+{
+    sc_buffer b;
+    SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = dtype, .count = count, .label = label},
+                            &b));
+    const uint64_t es = sc_dtype_size(dtype), bytes = count * es;
+    for (uint64_t off = 0; off < bytes; off += HOST_BLOCK) {
+        const uint64_t n = bytes - off < HOST_BLOCK ? bytes - off : HOST_BLOCK;
+        sc_view v;
+        SC_TRY(sc_buffer_view(b, off / es, n / es, &v));
+        SC_TRY(sc_copy_from_host(s, v, host_block + (off / HOST_BLOCK % 3) * 4096, n));
+    }
+    return b;
+}
+
+static void make_host_block(void)
+{
+    /* 16 MiB + 8 KiB so that the three shifted windows above stay inside */
+    host_block = bench_xmalloc(HOST_BLOCK + 3 * 4096);
+    bench_fill_random(host_block, HOST_BLOCK + 3 * 4096, 0x5AFE);
+}
+
+/* Per dtype, the random bytes made harmless: bf16 values get a small exponent (|v| < 2),
+ * e4m3 bytes lose bit 6 (exponent <= 7: no NaN), f32 become [0.005, 0.015). The host block is
+ * reused for every dtype, so each dtype gets its own copy. */
+static unsigned char *blocks[3];
+static void make_blocks(void)
+{
+    make_host_block();
+    const size_t n = HOST_BLOCK + 3 * 4096;
+    for (int d = 0; d < 3; d++) {
+        blocks[d] = bench_xmalloc(n);
+        memcpy(blocks[d], host_block, n);
+    }
+    uint16_t *bf = (uint16_t *)blocks[0];
+    for (size_t i = 0; i < n / 2; i++)
+        bf[i] = (uint16_t)((bf[i] & 0x807f) | 0x3c00 | ((bf[i] >> 7 & 7) << 7)); /* 2^-7 .. 2^0 */
+    for (size_t i = 0; i < n; i++)
+        blocks[1][i] &= 0xbf;
+    float *f = (float *)blocks[2];
+    for (size_t i = 0; i < n / 4; i++)
+        f[i] = 0.005f + 0.01f * (float)(((uint32_t *)blocks[2])[i] >> 8) / 16777216.0f;
+    free(host_block);
+}
+
+static sc_buffer rnd(sc_context ctx, sc_stream s, sc_dtype dtype, uint64_t count, const char *label)
+{
+    host_block = blocks[dtype == SC_BF16 ? 0 : dtype == SC_F8E4M3 ? 1 : 2];
+    return random_buffer(ctx, s, dtype, count, label);
+}
+
+/* ---- one layer: the full one (n = 1) or a rank's shard ------------------------------- */
+
+typedef struct layer {
+    sc_context ctx;
+    sc_stream stream;
+    sc_buffer b[10];
+    int nb;
+    sc_moe moe;
+    sc_buffer x, out;
+    uint64_t H;
+    sc_event start, end;
+} layer;
+
+static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, sc_comm comm, uint64_t Tmax)
+{
+    memset(L, 0, sizeof *L);
+    L->ctx = ctx;
+    L->H = (uint64_t)sh->H;
+    SC_TRY(sc_stream_create(ctx, &(sc_stream_desc){.label = "bench_moe_tp"}, &L->stream));
+    const uint64_t E = (uint64_t)sh->E, H = (uint64_t)sh->H, I = (uint64_t)sh->I / (uint64_t)n;
+    const uint64_t Is = (uint64_t)sh->Is / (uint64_t)n;
+    const sc_dtype et = sh->fp8 ? SC_F8E4M3 : SC_BF16;
+    sc_moe_desc d = {.experts = sh->E, .top_k = sh->k, .hidden = sh->H, .intermediate = (int)I,
+                     .renormalize = true, .max_tokens = Tmax, .label = sh->name,
+                     .expert_dtype = et, .tp_comm = comm, .shared_intermediate = (int)Is};
+    sc_stream s = L->stream;
+    d.router = L->b[L->nb++] = rnd(ctx, s, SC_BF16, E * H, "router");
+    d.w13 = L->b[L->nb++] = rnd(ctx, s, et, E * 2 * I * H, "w13");
+    d.w2 = L->b[L->nb++] = rnd(ctx, s, et, E * H * I, "w2");
+    if (sh->fp8) {
+        d.w13_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, E * 2 * I / 128 * H / 128, "w13_scale"));
+        d.w2_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, E * H / 128 * I / 128, "w2_scale"));
+    }
+    if (Is) {
+        d.shared_w13 = sc_view_of(L->b[L->nb++] = rnd(ctx, s, et, 2 * Is * H, "shared_w13"));
+        d.shared_w2 = sc_view_of(L->b[L->nb++] = rnd(ctx, s, et, H * Is, "shared_w2"));
+        if (sh->fp8) {
+            d.shared_w13_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, 2 * Is / 128 * H / 128, "shared_w13_scale"));
+            d.shared_w2_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, H / 128 * Is / 128, "shared_w2_scale"));
+        }
+    }
+    if (sh->deepseek) {
+        d.scoring = SC_MOE_SIGMOID;
+        d.n_group = 8;
+        d.topk_group = 4;
+        d.routed_scaling = 2.5f;
+        d.selection_bias = L->b[L->nb++] = rnd(ctx, s, SC_F32, E, "selection_bias");
+    }
+    SC_TRY(sc_moe_create(ctx, &d, &L->moe));
+    L->x = rnd(ctx, s, SC_BF16, Tmax * H, "x");
+    SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = Tmax * H, .label = "out"},
+                            &L->out));
+    SC_TRY(sc_moe_reserve(s, L->moe, Tmax));
+    SC_TRY(sc_event_create(ctx, &(sc_event_desc){.timing = true}, &L->start));
+    SC_TRY(sc_event_create(ctx, &(sc_event_desc){.timing = true}, &L->end));
+    SC_TRY(sc_stream_synchronize(s));
+}
+
+static void free_layer(layer *L)
+{
+    SC_TRY(sc_moe_destroy(L->moe));
+    for (int i = 0; i < L->nb; i++)
+        SC_TRY(sc_buffer_destroy(L->b[i]));
+    SC_TRY(sc_buffer_destroy(L->x));
+    SC_TRY(sc_buffer_destroy(L->out));
+    SC_TRY(sc_event_destroy(L->start));
+    SC_TRY(sc_event_destroy(L->end));
+    SC_TRY(sc_stream_destroy(L->stream));
+}
+
+/* One sample: reps forwards of T tokens between the layer's events; ms per forward. */
+static double sample(layer *L, uint64_t T, int reps)
+{
+    sc_view x, out;
+    SC_TRY(sc_buffer_view(L->x, 0, T * L->H, &x));
+    SC_TRY(sc_buffer_view(L->out, 0, T * L->H, &out));
+    SC_TRY(sc_event_record(L->start, L->stream));
+    for (int i = 0; i < reps; i++)
+        SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, NULL));
+    SC_TRY(sc_event_record(L->end, L->stream));
+    SC_TRY(sc_event_synchronize(L->end));
+    float ms = 0.f;
+    SC_TRY(sc_event_elapsed(L->start, L->end, &ms));
+    return ms / reps;
+}
+
+static int reps_for(uint64_t T) { return T <= 128 ? 20 : T <= 1024 ? 5 : 2; }
+
+/* ---- the ranks: a thread each, samples aligned by a barrier ---------------------------- */
+
+static int nranks;
+static layer ranks[MAX_GPUS];
+static pthread_barrier_t all_barrier, rank_barrier;
+static struct {
+    uint64_t T;
+    int samples, warmup;
+    bool quit;
+} job;
+static double rank_ms[MAX_GPUS][64];
+
+static void *rank_main(void *arg)
+{
+    layer *L = arg;
+    const int r = (int)(L - ranks);
+    for (;;) {
+        pthread_barrier_wait(&all_barrier); /* the job is set */
+        if (job.quit)
+            break;
+        for (int i = 0; i < job.warmup + job.samples; i++) {
+            pthread_barrier_wait(&rank_barrier);
+            const double ms = sample(L, job.T, reps_for(job.T));
+            if (i >= job.warmup)
+                rank_ms[r][i - job.warmup] = ms;
+        }
+        pthread_barrier_wait(&all_barrier); /* the samples are written */
+    }
+    return NULL;
+}
+
+static double run_ranks(uint64_t T, bool quick)
+{
+    job.T = T;
+    job.samples = quick ? 3 : 15;
+    job.warmup = quick ? 1 : 3;
+    pthread_barrier_wait(&all_barrier);
+    pthread_barrier_wait(&all_barrier);
+    double v[64];
+    for (int i = 0; i < job.samples; i++) {
+        v[i] = 0;
+        for (int r = 0; r < nranks; r++)
+            v[i] = fmax(v[i], rank_ms[r][i]);
+    }
+    return bench_median(v, (size_t)job.samples);
+}
+
+static double run_one(layer *L, uint64_t T, bool quick)
+{
+    const int samples = quick ? 3 : 15, warmup = quick ? 1 : 3;
+    double v[64];
+    for (int i = 0; i < warmup + samples; i++) {
+        const double ms = sample(L, T, reps_for(T));
+        if (i >= warmup)
+            v[i - warmup] = ms;
+    }
+    return bench_median(v, (size_t)samples);
+}
+
+int main(int argc, char **argv)
+{
+    int want = 2;
+    char *rest[64];
+    int nrest = 0;
+    for (int i = 0; i < argc && nrest < 63; i++) {
+        if (i > 0 && strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            long v = strtol(argv[++i], &end, 10);
+            if (!end || *end || v < 2 || v > MAX_GPUS) {
+                fprintf(stderr, "%s: --gpus '%s': a number of GPUs from 2 to %d\n", argv[0],
+                        argv[i], MAX_GPUS);
+                return 2;
+            }
+            want = (int)v;
+        } else {
+            rest[nrest++] = argv[i];
+        }
+    }
+    rest[nrest] = NULL;
+    bench_opts o = bench_parse_args(nrest, rest,
+                                    "The tensor-parallel MoE layer on N GPUs (--gpus N, default "
+                                    "2) against one GPU doing all the work: forward times and "
+                                    "the scaling efficiency per layer shape and token count.");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    bench_require_gpu("bench_moe_tp");
+    int count = 0;
+    SC_TRY(sc_device_count(&count));
+    nranks = want;
+    if (count < nranks) {
+        printf("bench_moe_tp: skipped: needs %d GPUs, this machine has %d\n", nranks, count);
+        return 77;
+    }
+    int version = 0;
+    if (sc_comm_library_version(&version) != SC_OK) {
+        printf("bench_moe_tp: skipped: no NCCL: %s\n", sc_last_error());
+        return 77;
+    }
+    sc_device_props props;
+    char desc[512];
+    bench_describe_device(0, &props, desc, sizeof desc);
+    const bool test_device = strstr(props.name, "test device") != NULL;
+    const bool fp8_ok = props.cc_major == 9 && props.cc_minor == 0;
+    printf("bench_moe_tp%s: %d x %s; NCCL %d.%d.%d, NCCL_NVLS_ENABLE=%s\n",
+           o.quick ? " (--quick: smoke test, not a result)" : "", nranks, desc, version / 10000,
+           version / 100 % 100, version % 100, getenv("NCCL_NVLS_ENABLE"));
+    static const uint64_t tokens_full[] = {1, 16, 128, 1024, 4096}, tokens_quick[] = {1, 128};
+    const uint64_t *tokens = o.quick ? tokens_quick : tokens_full;
+    const int ntok = o.quick ? 2 : 5;
+    const uint64_t Tmax = tokens[ntok - 1];
+    make_blocks();
+
+    sc_context ctxs[MAX_GPUS];
+    for (int r = 0; r < nranks; r++)
+        SC_TRY(sc_context_create(&(sc_context_desc){.device = r}, &ctxs[r]));
+    sc_comm comms[MAX_GPUS];
+    SC_TRY(sc_comm_create_all(ctxs, nranks, &(sc_comm_all_desc){.label = "tp"}, comms));
+    pthread_barrier_init(&all_barrier, NULL, (unsigned)nranks + 1);
+    pthread_barrier_init(&rank_barrier, NULL, (unsigned)nranks);
+
+    char path[4096];
+    FILE *csv = bench_open_out(&o, "bench_moe_tp.csv", path, sizeof path);
+    if (csv)
+        fprintf(csv, "layer,gpus,tokens,one_gpu_ms,tp_ms,efficiency\n");
+    double eff_4096_min = INFINITY;
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        const shape *sh = &shapes[si];
+        if (sh->fp8 && !fp8_ok) {
+            printf("\n%s: skipped (fp8 experts need compute capability 9.0)\n", sh->name);
+            continue;
+        }
+        if ((sh->I / nranks) % (sh->fp8 ? 128 : 8) || (sh->Is / nranks) % (sh->fp8 ? 128 : 8)) {
+            printf("\n%s: skipped (I / %d is not a multiple of %d)\n", sh->name, nranks,
+                   sh->fp8 ? 128 : 8);
+            continue;
+        }
+        if (o.quick && si != 1) /* --quick: one small shape */
+            continue;
+        layer full;
+        make_layer(&full, ctxs[0], sh, 1, (sc_comm){0}, Tmax);
+        for (int r = 0; r < nranks; r++)
+            make_layer(&ranks[r], ctxs[r], sh, nranks, comms[r], Tmax);
+        pthread_t th[MAX_GPUS];
+        for (int r = 0; r < nranks; r++)
+            if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
+                printf("FAILED: pthread_create\n");
+                return 1;
+            }
+        printf("\n%s (E %d, top-%d, H %d, I %d%s%s): %d GPUs, I / %d each, all-reduced\n",
+               sh->name, sh->E, sh->k, sh->H, sh->I, sh->Is ? ", shared expert" : "",
+               sh->fp8 ? ", fp8 experts" : "", nranks, nranks);
+        printf("%8s %12s %12s %11s\n", "T", "1 GPU ms", "TP ms", "efficiency");
+        for (int ti = 0; ti < ntok; ti++) {
+            const uint64_t T = tokens[ti];
+            const double one = run_one(&full, T, o.quick);
+            const double tp = run_ranks(T, o.quick);
+            const double eff = one / (nranks * tp);
+            printf("%8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, one, tp, 100 * eff);
+            if (csv)
+                fprintf(csv, "%s,%d,%llu,%.6f,%.6f,%.4f\n", sh->name, nranks,
+                        (unsigned long long)T, one, tp, eff);
+            if (T == 4096 && !test_device)
+                eff_4096_min = fmin(eff_4096_min, eff);
+        }
+        job.quit = true;
+        pthread_barrier_wait(&all_barrier);
+        for (int r = 0; r < nranks; r++)
+            pthread_join(th[r], NULL);
+        job.quit = false;
+        for (int r = 0; r < nranks; r++)
+            free_layer(&ranks[r]);
+        free_layer(&full);
+    }
+    pthread_barrier_destroy(&all_barrier);
+    pthread_barrier_destroy(&rank_barrier);
+    for (int r = 0; r < nranks; r++)
+        SC_TRY(sc_comm_destroy(comms[r]));
+    for (int r = 0; r < nranks; r++)
+        SC_TRY(sc_context_destroy(ctxs[r]));
+    for (int d = 0; d < 3; d++)
+        free(blocks[d]);
+    if (csv) {
+        fclose(csv);
+        printf("\nwrote %s\n", path);
+    }
+    if (isinf(eff_4096_min))
+        printf("\nsummary: %d GPUs: no T = 4096 point measured on a GPU\n", nranks);
+    else
+        printf("\nsummary: %d GPUs: the lowest scaling efficiency at T = 4096: %.1f%% (goal 80%%)\n",
+               nranks, 100 * eff_4096_min);
+    return 0;
+}
