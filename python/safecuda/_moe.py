@@ -12,6 +12,21 @@ SCORING = {"softmax": 0, "sigmoid": 1}
 BACKEND = {"auto": 0, "mma": 1, "sm90": 2}
 ACTIVATION = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
 W13_LAYOUT = {"stacked": 0, "interleaved": 1}
+TP_OUTPUT = {"all_reduce": 0, "reduce_scatter": 1}
+
+
+def _tp_comm(comm):
+    """tp_comm as a safecuda.Comm (a safecuda.torch.Comm gives its own), or None."""
+    if comm is None:
+        return None
+    from ._comm import Comm
+    inner = getattr(comm, "comm", None)  # safecuda.torch.Comm wraps one
+    if isinstance(inner, Comm):
+        comm = inner
+    if not isinstance(comm, Comm):
+        raise TypeError(f"MoE: tp_comm must be a safecuda.Comm (or a safecuda.torch.Comm), "
+                        f"not {type(comm).__name__}")
+    return comm
 FP8_BLOCK = 128  # the weights' scales are per 128 x 128 block (moe.h: SC_MOE_FP8_BLOCK)
 SCALES = ("w13_scale", "w2_scale", "shared_w13_scale", "shared_w2_scale")
 
@@ -112,7 +127,8 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                routed_scaling=0.0, activation="silu", swiglu_alpha=None, swiglu_limit=None,
                w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
                shared_intermediate=None, shared_w13=None, shared_w2=None, shared_gate=None,
-               w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None):
+               w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None,
+               tp_comm=None, tp_output="all_reduce"):
     """The sc_moe_desc of MoE's arguments (see MoE), and a namespace of what was read:
     experts, top_k, hidden, intermediate, shared_intermediate, expert_dtype, the objects to
     keep alive and the label's bytes (the desc points into them). Checks the Python side
@@ -187,11 +203,16 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
             setattr(desc, name, w._sv)
     desc.shared_intermediate = _int("shared_intermediate", S)
     desc.expert_dtype = int(xd)
+    comm = _tp_comm(tp_comm)
+    desc.tp_output = _choice("tp_output", tp_output, TP_OUTPUT)
+    if comm is not None:
+        desc.tp_comm = comm._h
     info = types.SimpleNamespace(
         experts=desc.experts, top_k=desc.top_k, hidden=desc.hidden,
         intermediate=desc.intermediate, shared_intermediate=desc.shared_intermediate,
-        expert_dtype=xd,
-        keep=(router, w13, w2, selection_bias) + tuple(w for _, w in views), label=label_b)
+        expert_dtype=xd, tp_comm=comm, tp_output=tp_output,
+        keep=(router, w13, w2, selection_bias, comm) + tuple(w for _, w in views),
+        label=label_b)
     return desc, info
 
 
@@ -237,7 +258,14 @@ class MoE(_Resource):
     blocks of 128 channels (scale = amax / 448). ValueError / TypeError, before the
     library is called, for scales with bf16 experts, fp8 experts without their scales,
     a scale of another dtype or shape, mixed dtypes, H or I not multiples of 128, or
-    backend="mma"."""
+    backend="mma".
+
+    Tensor parallelism over several GPUs (include/safecuda/moe.h, docs/MULTI_GPU.md):
+    tp_comm, this rank's safecuda.Comm (or safecuda.torch.Comm) of the layer's context, with
+    the rank's shard of I as the weights (intermediate = I / N, shared_intermediate likewise);
+    every rank runs the same forwards, whose partial outputs are all-reduced (tp_output=
+    "all_reduce": every rank's out is the whole [T, H]) or reduce-scattered
+    ("reduce_scatter": rank r's out is its [T/N, H] rows r T/N ..; T a multiple of N)."""
 
     _kind = "MoE layer"
     _destroy_fn = "sc_moe_destroy"
@@ -249,7 +277,7 @@ class MoE(_Resource):
                  w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
                  shared_intermediate=None, shared_w13=None, shared_w2=None,
                  shared_gate=None, w13_scale=None, w2_scale=None, shared_w13_scale=None,
-                 shared_w2_scale=None, _site=None):
+                 shared_w2_scale=None, tp_comm=None, tp_output="all_reduce", _site=None):
         desc, info = build_desc(
             router, w13, w2, top_k=top_k, scoring=scoring, renormalize=renormalize,
             selection_bias=selection_bias, max_tokens=max_tokens, label=label,
@@ -260,7 +288,7 @@ class MoE(_Resource):
             w2_bias=w2_bias, shared_intermediate=shared_intermediate, shared_w13=shared_w13,
             shared_w2=shared_w2, shared_gate=shared_gate, w13_scale=w13_scale,
             w2_scale=w2_scale, shared_w13_scale=shared_w13_scale,
-            shared_w2_scale=shared_w2_scale)
+            shared_w2_scale=shared_w2_scale, tp_comm=tp_comm, tp_output=tp_output)
         self._label_b = info.label
         h = c_uint64()
         file, line = _site if _site is not None else caller_site()
@@ -273,6 +301,9 @@ class MoE(_Resource):
         self.routed_scaling = desc.routed_scaling
         self.activation, self.w13_layout = activation, w13_layout
         self.weights = info.keep  # kept alive with the layer
+        self.tp_comm, self.tp_output = info.tp_comm, tp_output
+        # the ranks a reduce-scattering layer divides T by (1 otherwise)
+        self._out_div = info.tp_comm.nranks if tp_output == "reduce_scatter" else 1
         self._init_resource(context, h.value, label, (string_at(file).decode(), line))
         self._forward = lib.sc_moe_forward
 
@@ -304,7 +335,10 @@ class MoE(_Resource):
                              "(the caller's routing: expert ids i32 [T, k] and their weights "
                              "f32 [T, k])")
         if out is None:
-            out = Buffer(self._ctx, x.shape, DType.BF16, stream=stream, _site=caller_site())
+            shape = tuple(x.shape)
+            if self._out_div > 1:  # reduce-scattered: this rank's T / N rows
+                shape = (shape[0] // self._out_div,) + shape[1:]
+            out = Buffer(self._ctx, shape, DType.BF16, stream=stream, _site=caller_site())
         if (expert_ids is None and expert_weights is None and not profile and
                 routing_ids is None and not check_routing and not accumulate):
             r = self._forward(_stream_handle(stream), self._h, x._sv, out._sv, None)

@@ -16,7 +16,8 @@ OPTIONS = dict(n_group=0, topk_group=0, routed_scaling=0.0, activation="silu",
                swiglu_alpha=None, swiglu_limit=None, w13_layout="stacked", router_bias=None,
                w13_bias=None, w2_bias=None, shared_intermediate=None, shared_w13=None,
                shared_w2=None, shared_gate=None, w13_scale=None, w2_scale=None,
-               shared_w13_scale=None, shared_w2_scale=None)
+               shared_w13_scale=None, shared_w2_scale=None, tp_comm=None,
+               tp_output="all_reduce")
 OPTIONAL_TENSORS = ("selection_bias", "router_bias", "w13_bias", "w2_bias", "shared_w13",
                     "shared_w2", "shared_gate") + SCALES
 

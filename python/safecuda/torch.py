@@ -197,6 +197,8 @@ class _Layer:
             self.close()
             raise
         self.E, self.H, self.I, self.top_k = a.E, a.H, a.I, int(top_k)
+        # tensor parallel, reduce-scattered: the output is this rank's T / N rows
+        self.out_div = self.moe._out_div
         self.shared_intermediate = a.S
         self.expert_dtype = a.expert_dtype
         self.max_tokens = int(max_tokens)
@@ -240,7 +242,7 @@ class _Layer:
         if not x.is_contiguous():
             x = x.contiguous()
         T = x.shape[0]
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        out = x.new_empty((T // self.out_div, self.H))
         ids = weights = None
         if routed:
             ids = torch.empty((T, self.top_k), dtype=torch.int32, device=x.device)
@@ -262,13 +264,14 @@ class _Layer:
         if r:
             fail(r)
         hx_v, ho_v, hi_v, hw_v = hx.value, 0, 0, 0
+        do.count = out.numel()
         try:
             r = borrow(self._ctx_h, out.data_ptr(), byref(do), byref(ho), _SITE_FILE, 2)
             if r:
                 fail(r)
             ho_v = ho.value
             vx.buffer, vx.offset, vx.count = hx_v, 0, n
-            vo.buffer, vo.offset, vo.count = ho_v, 0, n
+            vo.buffer, vo.offset, vo.count = ho_v, 0, out.numel()
             if routed:
                 di.count = dw.count = T * self.top_k
                 di.stream = dw.stream = sh
@@ -344,11 +347,13 @@ class _Layer:
         T = x.shape[0]
         accumulate = out is not None
         if accumulate:
+            want = [T // self.out_div, self.H]
             if not isinstance(out, Tensor) or out.dtype != torch.bfloat16 or \
-                    tuple(out.shape) != tuple(x.shape) or out.device != x.device or \
+                    list(out.shape) != want or out.device != x.device or \
                     not out.is_contiguous():
+                what = "x's shape" if self.out_div == 1 else "this rank's rows' shape"
                 raise ValueError(f"safecuda.torch.MoE: the tensor to accumulate into must be "
-                                 f"a contiguous bfloat16 tensor of x's shape {list(x.shape)} "
+                                 f"a contiguous bfloat16 tensor of {what} {want} "
                                  f"on {x.device}; got {getattr(out, 'dtype', type(out))} "
                                  f"{list(getattr(out, 'shape', ()))}")
             if x.data_ptr() < out.data_ptr() + out.nbytes and \
@@ -357,7 +362,7 @@ class _Layer:
                                  "(the layer reads x while it writes the sum): give another "
                                  "tensor")
         else:
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            out = x.new_empty((T // self.out_div, self.H))
         if (ids is None) != (weights is None):
             raise ValueError("safecuda.torch.MoE: routing_ids and routing_weights are given "
                              "together")
@@ -370,7 +375,7 @@ class _Layer:
         handles = []
         try:
             vx = self._borrow(x, DType.BF16, True, sh, n, handles, 5)
-            vo = self._borrow(out, DType.BF16, False, sh, n, handles, 6)
+            vo = self._borrow(out, DType.BF16, False, sh, out.numel(), handles, 6)
             opts = _lib.sc_moe_forward_desc()
             if ids is not None:
                 opts.routing_ids = self._borrow(ids, DType.I32, True, sh, nk, handles, 7)
@@ -445,9 +450,16 @@ def moe(x: Tensor, layer: int) -> Tensor:
     return _layer(layer).run(x, False)
 
 
+def _out_fake(x, layer):
+    """The forward's new output for x [T, H]: [T, H], or a reduce-scattering tensor-parallel
+    layer's [T / N, H]."""
+    L = _layer(layer)
+    return x.new_empty((x.shape[0] // L.out_div, x.shape[1]))
+
+
 @moe.register_fake
 def _moe_fake(x, layer):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _out_fake(x, layer)
 
 
 @torch.library.custom_op("safecuda::moe_routed", mutates_args=())
@@ -461,7 +473,7 @@ def moe_routed(x: Tensor, layer: int) -> Tuple[Tensor, Tensor, Tensor]:
 def _moe_routed_fake(x, layer):
     k = _layer(layer).top_k
     T = x.shape[0]
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+    return (_out_fake(x, layer),
             x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=torch.float32))
 
 
@@ -492,7 +504,7 @@ def moe_with_routing(x: Tensor, layer: int, routing_ids: Tensor, routing_weights
 
 @moe_with_routing.register_fake
 def _moe_with_routing_fake(x, layer, routing_ids, routing_weights, check_routing=False):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _out_fake(x, layer)
 
 
 @torch.library.custom_op("safecuda::moe_accumulate", mutates_args=("out",))
@@ -555,7 +567,9 @@ class MoE(torch.nn.Module):
             [H, I_s]), shared_gate=None (bf16 [H] or [1, H]), shared_intermediate=None
             (I_s: read from shared_w2),
             # fp8 experts (w13, w2, shared_w13, shared_w2 float8_e4m3fn): their scales
-            w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None)
+            w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None,
+            # tensor parallelism: this rank's communicator, its output
+            tp_comm=None, tp_output="all_reduce" | "reduce_scatter")
 
     bf16 CUDA weights, contiguous, on one device, borrowed without a copy (so are the
     float32 biases and the shared expert's weights).
@@ -583,6 +597,14 @@ class MoE(torch.nn.Module):
     forward(x, accumulate_into=r): r += layer(x) in place (r: contiguous bf16 of x's
     shape, not x itself), the sum rounded once; returns r. route(x): the router's (ids,
     weights), what routing= takes back.
+
+    Tensor parallelism (docs/MULTI_GPU.md): tp_comm, this rank's safecuda.torch.Comm (from
+    Comm.from_process_group) on the weights' device, with the rank's shard of I as the
+    weights (w13 [E, 2 I/N, H]: its gate rows and its up rows; w2 [E, H, I/N]; fp8 scales
+    of the shards' blocks; the router, biases but w2_bias, and the shared gate whole);
+    every rank calls forward with the same x. tp_output="all_reduce": every rank gets the
+    whole output; "reduce_scatter" (sequence parallelism): rank r gets its rows
+    [r T/N, (r+1) T/N) as a 2-D tensor [T/N, H] (T, the tokens of x, a multiple of N).
 
     In plain eager execution the forward runs the operator's body directly (the same
     work, without the dispatcher's overhead); under torch.compile, tracing, tensor
@@ -705,6 +727,9 @@ class MoE(torch.nn.Module):
                 accumulate_into=None, check_routing: bool = False):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        div = _layer(self.layer_id).out_div
+        if div > 1:  # reduce-scattered tensor parallel: this rank's T / N rows
+            shape = (x2.shape[0] // div, shape[-1])
         if routing is None and accumulate_into is None:
             if check_routing:
                 raise ValueError("safecuda.torch.MoE: check_routing checks the caller's "
@@ -742,8 +767,9 @@ class MoE(torch.nn.Module):
                             f"not {type(acc).__name__}")
         if tuple(acc.shape) != tuple(shape) or not acc.is_contiguous():
             what = "" if acc.is_contiguous() else " (not contiguous)"
+            whose = "x's shape" if div == 1 else "this rank's rows' shape"
             raise ValueError(f"safecuda.torch.MoE: accumulate_into must be a contiguous "
-                             f"tensor of x's shape {list(shape)} (it is added to in place); "
+                             f"tensor of {whose} {list(shape)} (it is added to in place); "
                              f"got {list(acc.shape)}{what}")
         acc2 = acc.view(-1, shape[-1])
         if eager:

@@ -425,3 +425,42 @@ def test_close_stale_and_leaks(contexts, log):
     gc.collect()
     assert any("garbage collector: communicator 'dropped'" in m for m in log), log
     assert _counter("safecuda_ncclfault_live_comms") == 0
+
+
+# ---- the tensor-parallel MoE layer's binding (tp_comm, tp_output) -------------------------
+
+def _moe_weights(ctx, E=8, H=64, I_=32):
+    return dict(router=ctx.buffer((E, H), "bf16", label="router"),
+                w13=ctx.buffer((E, 2 * I_, H), "bf16", label="w13"),
+                w2=ctx.buffer((E, H, I_), "bf16", label="w2"))
+
+
+def test_moe_tp_fields_and_refusals(contexts):
+    from safecuda._moe import build_desc
+    comms = world(contexts, 2)
+    w = _moe_weights(contexts[0])
+    desc, info = build_desc(w["router"], w["w13"], w["w2"], top_k=2, tp_comm=comms[0],
+                            tp_output="reduce_scatter")
+    assert desc.tp_comm == comms[0]._h and desc.tp_output == 1
+    assert info.tp_comm is comms[0] and comms[0] in info.keep
+    desc, _ = build_desc(w["router"], w["w13"], w["w2"], top_k=2)
+    assert desc.tp_comm == 0 and desc.tp_output == 0
+    with pytest.raises(TypeError, match="tp_comm must be a safecuda.Comm"):
+        build_desc(w["router"], w["w13"], w["w2"], top_k=2, tp_comm=5)
+    with pytest.raises(ValueError, match="tp_output"):
+        build_desc(w["router"], w["w13"], w["w2"], top_k=2, tp_output="gather")
+    # the library's checks, before it loads any kernel
+    with pytest.raises(sc.InvalidArgumentError,
+                       match="desc->tp_output = SC_MOE_TP_REDUCE_SCATTER without a tp_comm"):
+        sc.MoE(contexts[0], w["router"], w["w13"], w["w2"], top_k=2,
+               tp_output="reduce_scatter")
+    with pytest.raises(sc.WrongContextError, match="desc->tp_comm .* belongs to another context"):
+        sc.MoE(contexts[0], w["router"], w["w13"], w["w2"], top_k=2, tp_comm=comms[1])
+    lone = sc.Comm.create_all([contexts[2]], label="lone")[0]
+    w2 = _moe_weights(contexts[2])
+    with pytest.raises(sc.InvalidArgumentError, match="has 1 rank: a tensor-parallel layer"):
+        sc.MoE(contexts[2], w2["router"], w2["w13"], w2["w2"], top_k=2, tp_comm=lone)
+    for b in list(w.values()) + list(w2.values()):
+        b.close()
+    lone.close()
+    end(comms)
