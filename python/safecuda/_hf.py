@@ -11,6 +11,7 @@ import torch
 
 from ._hf_blocks import looks_like_moe, moe_spec
 from ._hf_spec import MoESpec, UnsupportedBlockError
+from ._tp import shard_for_tp
 
 _WEIGHTS = ("router_weight", "w13", "w2", "shared_w13", "shared_w2", "shared_gate")
 _EXPERT_WEIGHTS = ("w13", "w2", "shared_w13", "shared_w2")
@@ -81,8 +82,11 @@ def _make_layer_class():
         a forward that would need gradients is refused: the layer is forward-only."""
 
         def __init__(self, block, spec, tensors, *, max_tokens, backend, label,
-                     use_dispatcher, released_bytes=0, name=None):
+                     use_dispatcher, released_bytes=0, name=None, tp_comm=None):
             kw = spec.kwargs(tensors)
+            if tp_comm is not None:  # this rank's shard of I (copies), the partials summed
+                kw = shard_for_tp(kw, tp_comm.rank, tp_comm.nranks)
+                kw["tp_comm"] = tp_comm
             router, w13, w2 = kw.pop("router_weight"), kw.pop("w13"), kw.pop("w2")
             super().__init__(router, w13, w2, max_tokens=max_tokens, backend=backend,
                              label=label, use_dispatcher=use_dispatcher, **kw)
@@ -170,7 +174,7 @@ def layer_class():
 
 
 def from_transformers(block, *, max_tokens=256, backend="auto", release_originals=False,
-                      label=None, use_dispatcher=False, _name=None, _spec=None):
+                      label=None, use_dispatcher=False, tp_comm=None, _name=None, _spec=None):
     """A safecuda.torch.MoE (TransformersMoE) that computes the transformers MoE block
     `block` (a module instance of a supported family, bf16 or fine-grained FP8, on one CUDA
     device), over the block's own tensors: borrowed where the layouts agree, else copied
@@ -178,7 +182,13 @@ def from_transformers(block, *, max_tokens=256, backend="auto", release_original
     tensors at views of those copies (the same values; the block still works), freeing
     their memory. UnsupportedBlockError (a ValueError) for a block the layer can't compute,
     naming its class and what the layer lacks; ValueError / TypeError for a block on the
-    CPU, on several devices, or not in bfloat16."""
+    CPU, on several devices, or not in bfloat16.
+
+    tp_comm (a safecuda.torch.Comm, this rank's): tensor parallelism for a model every rank
+    of the communicator holds whole on its own GPU and runs with the same inputs: the layer
+    takes this rank's shard of the experts' I (shard_for_tp: copies, 1/N of the experts'
+    bytes) and all-reduces the partial outputs, so each rank's block output is the whole
+    one. Every rank must patch the same blocks and run the same forwards."""
     spec = _spec if _spec is not None else moe_spec(block)
     check_placement(spec)
     tensors = spec.make_tensors()
@@ -189,7 +199,8 @@ def from_transformers(block, *, max_tokens=256, backend="auto", release_original
                 released += t.release(tensors[name])
     return layer_class()(block, spec, tensors, max_tokens=max_tokens, backend=backend,
                          label=label or f"{spec.family} {_name or spec.block_class}",
-                         use_dispatcher=use_dispatcher, released_bytes=released, name=_name)
+                         use_dispatcher=use_dispatcher, released_bytes=released, name=_name,
+                         tp_comm=tp_comm)
 
 
 class PatchEntry:
@@ -268,7 +279,7 @@ def _model_device(model, who):
 
 
 def patch_model(model, *, max_tokens=256, backend="auto", release_originals=False,
-                strict=False, use_dispatcher=False):
+                strict=False, use_dispatcher=False, tp_comm=None):
     """Replace every supported transformers MoE block in model (an nn.Module, on one CUDA
     device, bf16 or fine-grained FP8) by a safecuda layer computing it (from_transformers),
     in place. Returns a PatchReport: each block's module name, family and the bytes
@@ -277,7 +288,9 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
     devices or not in bfloat16 raises before anything is replaced. The patched model runs
     forward-only (under torch.no_grad() / inference_mode(), as generate() does), under
     torch.compile and in CUDA graphs (max_tokens: the most tokens one forward of a layer
-    may take inside a capture). unpatch_model(model) restores the blocks."""
+    may take inside a capture). unpatch_model(model) restores the blocks. tp_comm: tensor
+    parallelism over the communicator's ranks, each holding the whole model on its GPU
+    (from_transformers says how)."""
     who = "safecuda.torch.patch_model"
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{who}: model must be a torch.nn.Module, not {type(model).__name__}")
@@ -290,7 +303,8 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
         for name, m, spec, entry in planned:
             layer = from_transformers(m, max_tokens=max_tokens, backend=backend,
                                       release_originals=release_originals,
-                                      use_dispatcher=use_dispatcher, _name=name, _spec=spec)
+                                      use_dispatcher=use_dispatcher, tp_comm=tp_comm,
+                                      _name=name, _spec=spec)
             entry.released_bytes = layer.released_bytes
             _set(model, name, layer)
             done.append((name, layer))

@@ -22,7 +22,8 @@
         routing_weights=None, check_routing=False): out += layer(x), in place (out is
         declared mutated)
 - from_transformers(block), patch_model(model), unpatch_model(model), moe_spec(block):
-  the layer in a Hugging Face transformers model (safecuda/_hf.py).
+  the layer in a Hugging Face transformers model (safecuda/_hf.py); tp_comm= for tensor
+  parallelism, shard_for_tp(kwargs, rank, nranks): a rank's shard of MoE's weights.
 - Comm.from_process_group(pg): a communicator (safecuda.Comm) for this rank of a
   torch.distributed process group, its collectives on torch CUDA tensors on torch's current
   stream (all_reduce, reduce_scatter, all_gather, all_to_all, all_to_all_v with split
@@ -71,8 +72,8 @@ if not hasattr(torch.library, "custom_op"):
 
 __all__ = ["Comm", "MoE", "MoESpec", "PatchReport", "TransformersMoE", "UnsupportedBlockError",
            "as_buffer", "as_tensor", "from_transformers", "moe", "moe_accumulate", "moe_route",
-           "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "torch_dtype",
-           "unpatch_model"]
+           "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "shard_for_tp",
+           "torch_dtype", "unpatch_model"]
 
 _layers = {}  # layer id -> _Layer
 _layer_ids = itertools.count(1)
@@ -837,3 +838,4 @@ TransformersMoE = _hf_layer_class()
 
 # Communicators over torch tensors (_torch_comm.py).
 from ._torch_comm import Comm  # noqa: E402
+from ._tp import shard_for_tp  # noqa: E402

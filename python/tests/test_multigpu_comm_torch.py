@@ -4,7 +4,10 @@ on bf16 and f32 CUDA tensors against torch's own results (float64 on the CPU, an
 torch.distributed over the same group); then safecuda.torch.MoE tensor parallel (tp_comm:
 each rank its shard of I) against the one-GPU layer over the full weights on each rank's
 GPU, all-reduced (every rank the whole output) and reduce-scattered (each rank its rows),
-plain and accumulating: relative L2 <= 1e-2.
+plain and accumulating: relative L2 <= 1e-2; and (with transformers 5) from_transformers and
+patch_model with tp_comm on small Mixtral and DeepSeek-V3 models (hf_models.py, the same
+random weights on both ranks): each block against the one-GPU layer (relative L2 <= 1e-2),
+the patched model's logits against the one-GPU patched model's (relative L2 <= 2e-2).
 
 Not a test_gpu*.py file: the one-GPU check (scripts/gpu-check) collects it and it skips
 there (fewer than 2 GPUs). scripts/gpu-check --gpus N runs it with
@@ -83,6 +86,7 @@ def _worker(rank, port, errors):
                                    counts[rank].tolist())
             assert torch.equal(out.float().cpu(), ref)
         _tp_moe(rank, comm, dev)
+        _tp_transformers(rank, comm, dev)
         comm.synchronize()
         comm.close()
         dist.destroy_process_group()
@@ -126,6 +130,51 @@ def _tp_moe(rank, comm, dev):
         assert rel(acc, want_acc[rows]) <= 1e-2, (output, "accumulate", rel(acc, want_acc[rows]))
         torch.cuda.synchronize(dev)
         del tp
+
+
+def _tp_transformers(rank, comm, dev):
+    """patch_model / from_transformers with tp_comm against the one-GPU layer."""
+    import sys
+
+    import torch
+    try:
+        import transformers
+    except ImportError:
+        return  # (the parent reports transformers missing)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hf_models import build_model
+
+    import safecuda.torch as sct
+    transformers.logging.set_verbosity_error()
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    for name in ("mixtral", "deepseek_v3"):
+        model, cfg = build_model(torch, transformers, name, device=dev, seed=5)
+        ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(6)).to(dev)
+        with torch.no_grad():
+            plan = sct.patch_model(model)
+            one = model(ids).logits
+            blocks = [m for m in model.modules() if isinstance(m, sct.TransformersMoE)]
+            x = torch.randn(48, cfg.hidden_size, generator=torch.Generator().manual_seed(8)
+                            ).to(torch.bfloat16).to(dev)
+            singles = [b(x) for b in blocks]
+            singles = [s[0] if isinstance(s, tuple) else s for s in singles]
+            for b, want in zip(blocks, singles):
+                tp = sct.from_transformers(b.hf_block, tp_comm=comm)
+                got = tp(x)
+                got = got[0] if isinstance(got, tuple) else got
+                assert rel(got, want) <= 1e-2, (name, "block", rel(got, want))
+                del tp
+            sct.unpatch_model(model)
+            report = sct.patch_model(model, tp_comm=comm)
+            assert len(report.patched) == len(plan.patched) > 0, (name, str(report))
+            tp_logits = model(ids).logits
+            assert rel(tp_logits, one) <= 2e-2, (name, "logits", rel(tp_logits, one))
+            sct.unpatch_model(model)
+        torch.cuda.synchronize(dev)
+        del model
 
 
 @pytest.mark.gpu
