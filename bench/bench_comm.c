@@ -194,13 +194,7 @@ static double run_job(op_kind op, bool use_raw, uint64_t bytes, bool quick)
     job.warmup = quick ? 2 : 5;
     pthread_barrier_wait(&barrier);
     pthread_barrier_wait(&barrier);
-    double v[64];
-    for (int i = 0; i < job.samples; i++) {
-        v[i] = 0;
-        for (int r = 0; r < nranks; r++)
-            v[i] = fmax(v[i], sample_ms[r][i]);
-    }
-    return bench_median(v, (size_t)job.samples);
+    return bench_median_of_slowest((const double (*)[64])sample_ms, nranks, job.samples);
 }
 
 static double bus_gbs(op_kind op, uint64_t bytes, double ms)
@@ -211,25 +205,8 @@ static double bus_gbs(op_kind op, uint64_t bytes, double ms)
 
 int main(int argc, char **argv)
 {
-    int want = 0;
-    char *rest[64];
-    int nrest = 0;
-    for (int i = 0; i < argc && nrest < 63; i++) {
-        if (i > 0 && strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long v = strtol(argv[++i], &end, 10);
-            if (!end || *end || v < 2 || v > MAX_GPUS) {
-                fprintf(stderr, "%s: --gpus '%s': a number of GPUs from 2 to %d\n", argv[0],
-                        argv[i], MAX_GPUS);
-                return 2;
-            }
-            want = (int)v;
-        } else {
-            rest[nrest++] = argv[i];
-        }
-    }
-    rest[nrest] = NULL;
-    bench_opts o = bench_parse_args(nrest, rest,
+    int want = bench_take_gpus(&argc, argv, MAX_GPUS);
+    bench_opts o = bench_parse_args(argc, argv,
                                     "NCCL collectives on N GPUs: safecuda's checked all-reduce and "
                                     "all-to-all against raw NCCL on the same buffers, bus "
                                     "bandwidth per size. --gpus N: 2 .. the GPUs there "

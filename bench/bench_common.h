@@ -180,6 +180,43 @@ static inline double bench_median(double *v, size_t n)
 }
 
 /* xorshift64*: fast, seedable, never zero. */
+/* The multi-GPU benchmarks' --gpus N (2 .. max): taken out of argv (argc shrinks; the rest
+ * stays for bench_parse_args). 0 when not given; a bad value ends the program (exit 2). */
+static inline int bench_take_gpus(int *argc, char **argv, int max)
+{
+    int want = 0, kept = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--gpus") == 0 && i + 1 < *argc) {
+            char *end = NULL;
+            const long v = strtol(argv[++i], &end, 10);
+            if (!end || *end || v < 2 || v > max) {
+                fprintf(stderr, "%s: --gpus '%s': a number of GPUs from 2 to %d\n", argv[0],
+                        argv[i], max);
+                exit(2);
+            }
+            want = (int)v;
+        } else {
+            argv[kept++] = argv[i];
+        }
+    }
+    argv[kept] = NULL;
+    *argc = kept;
+    return want;
+}
+
+/* The median over `samples` samples of the slowest of n ranks' times (ms[rank][sample]):
+ * what a collective step of n GPUs takes. */
+static inline double bench_median_of_slowest(const double (*ms)[64], int n, int samples)
+{
+    double v[64];
+    for (int i = 0; i < samples && i < 64; i++) {
+        v[i] = 0;
+        for (int r = 0; r < n; r++)
+            v[i] = ms[r][i] > v[i] ? ms[r][i] : v[i];
+    }
+    return bench_median(v, (size_t)(samples < 64 ? samples : 64));
+}
+
 static inline uint64_t bench_rand(uint64_t *state)
 {
     uint64_t x = *state;

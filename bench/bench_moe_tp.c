@@ -224,13 +224,7 @@ static double run_ranks(uint64_t T, bool quick)
     job.warmup = quick ? 1 : 3;
     pthread_barrier_wait(&all_barrier);
     pthread_barrier_wait(&all_barrier);
-    double v[64];
-    for (int i = 0; i < job.samples; i++) {
-        v[i] = 0;
-        for (int r = 0; r < nranks; r++)
-            v[i] = fmax(v[i], rank_ms[r][i]);
-    }
-    return bench_median(v, (size_t)job.samples);
+    return bench_median_of_slowest((const double (*)[64])rank_ms, nranks, job.samples);
 }
 
 static double run_one(layer *L, uint64_t T, bool quick)
@@ -247,25 +241,10 @@ static double run_one(layer *L, uint64_t T, bool quick)
 
 int main(int argc, char **argv)
 {
-    int want = 2;
-    char *rest[64];
-    int nrest = 0;
-    for (int i = 0; i < argc && nrest < 63; i++) {
-        if (i > 0 && strcmp(argv[i], "--gpus") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long v = strtol(argv[++i], &end, 10);
-            if (!end || *end || v < 2 || v > MAX_GPUS) {
-                fprintf(stderr, "%s: --gpus '%s': a number of GPUs from 2 to %d\n", argv[0],
-                        argv[i], MAX_GPUS);
-                return 2;
-            }
-            want = (int)v;
-        } else {
-            rest[nrest++] = argv[i];
-        }
-    }
-    rest[nrest] = NULL;
-    bench_opts o = bench_parse_args(nrest, rest,
+    int want = bench_take_gpus(&argc, argv, MAX_GPUS);
+    if (!want)
+        want = 2;
+    bench_opts o = bench_parse_args(argc, argv,
                                     "The tensor-parallel MoE layer on N GPUs (--gpus N, default "
                                     "2) against one GPU doing all the work: forward times and "
                                     "the scaling efficiency per layer shape and token count.");
