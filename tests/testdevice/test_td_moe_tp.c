@@ -5,7 +5,9 @@
  * so out keeps what each rank put there, and the double really sums, so out on every rank
  * must come back as the sum of the ranks' contents (the collective ran on out, in place, in
  * bf16, after the layer's launches, which the launch checks passed), plain and accumulating,
- * and in a stream capture replayed. The reduce-scattered output (desc->tp_output): its refusals,
+ * and in a stream capture replayed. Ranks that disagree (T = 5 on one, 4 on the other): every
+ * rank's synchronize reports the aborted communicator, nothing hangs. The reduce-scattered
+ * output (desc->tp_output): its refusals,
  * and accumulating forwards whose out (each rank's rows) comes back as its own residual (the
  * partial starts as zeros with the rank's rows holding its out; no kernel adds to it here).
  * Nothing here says anything about the layer's results (tests/gpu/test_gpu_moe_tp.c
@@ -107,6 +109,57 @@ static void test_forward_refusals(void)
     CHECK_OK(sc_buffer_destroy(wts));
     CHECK_OK(sc_moe_destroy(r0.layer));
     free_rank(&r0);
+}
+
+/* ---- ranks that disagree: T = 5 on rank 0, 4 on rank 1 ------------------------------------------
+ * The all-reduces differ in count: the double (like NCCL's own checks, or at worst the
+ * timeout) makes it every rank's error, reported by each rank's synchronize; nothing hangs. */
+static rank_layer mm[2];
+static sc_comm mm_comms[2];
+static sc_status mm_status[2];
+static char mm_message[2][1024];
+static void *rank_mismatched(void *arg)
+{
+    const int r = (int)(intptr_t)arg;
+    sc_view x;
+    REQUIRE(sc_buffer_view(mm[r].w[4], 0, (uint64_t)(r == 0 ? 5 : 4) * H, &x) == SC_OK);
+    sc_view out = x;
+    out.buffer = mm[r].w[5];
+    sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL);
+    if (s == SC_OK)
+        s = sc_comm_synchronize(mm_comms[r]);
+    mm_status[r] = s;
+    snprintf(mm_message[r], sizeof mm_message[r], "%s", sc_last_error());
+    return NULL;
+}
+
+static void test_mismatched_ranks(void)
+{
+    REQUIRE(sc_comm_create_all(ctxs, 2, &(sc_comm_all_desc){.label = "disagree"}, mm_comms) ==
+            SC_OK);
+    for (int r = 0; r < 2; r++) {
+        sc_moe_desc d = rank_desc(ctxs[r], &mm[r], mm_comms[r]);
+        REQUIRE(sc_moe_create(ctxs[r], &d, &mm[r].layer) == SC_OK);
+    }
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++)
+        REQUIRE(pthread_create(&th[r], NULL, rank_mismatched, (void *)(intptr_t)r) == 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) {
+        CHECK(mm_status[r] == SC_ERR_COMM);
+        CHECK(strstr(mm_message[r], "communicator 'disagree'") != NULL);
+        CHECK(strstr(mm_message[r], "was aborted") != NULL);
+        CHECK(strstr(mm_message[r], "ncclInvalidUsage") != NULL);
+        if (mm_status[r] != SC_ERR_COMM || !strstr(mm_message[r], "ncclInvalidUsage"))
+            fprintf(stderr, "rank %d: %s: %s\n", r, sc_status_name(mm_status[r]), mm_message[r]);
+    }
+    for (int r = 0; r < 2; r++) {
+        CHECK_OK(sc_moe_destroy(mm[r].layer));
+        free_rank(&mm[r]);
+    }
+    for (int r = 0; r < 2; r++)
+        CHECK_OK(sc_comm_destroy(mm_comms[r]));
 }
 
 /* ---- the reduce-scattered output ------------------------------------------------------------ */
@@ -284,6 +337,7 @@ int main(void)
     test_refusals();
     test_forward_refusals();
     test_reduce_scatter_refusals();
+    test_mismatched_ranks();
     test_all_reduce();
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
