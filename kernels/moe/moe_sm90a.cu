@@ -373,15 +373,141 @@ struct gemm_args {
 // The K range of a tile: routed weights start kshift elements early (boxes 128-byte aligned
 // in the weight; the columns before 0 read as zeros in B). bf16 just runs K from -kshift;
 // e4m3, whose stages must each lie in one 128-of-K scale block, splits every stage at the
-// block boundary (the consumer's fp8 K shift below). A kernel without the shift (SHIFT
-// false) reads the same A rows from column q.kshift on, in boxes not 128-byte aligned.
-template <bool SHIFT>
+// block boundary (fp8_shifted_k), in every tile of a shifted kernel (ALL: the shared
+// expert's too, whose boxes then start where the routed weights' are aligned; the columns
+// that stray into a neighbouring chunk of the shared W2 belong to the first stage's head and
+// the last one's tail, which are never computed). A kernel without the shift (SHIFT false)
+// reads the same A rows from column q.kshift on, in boxes not 128-byte aligned.
+template <bool SHIFT, bool ALL>
 __device__ __forceinline__ int tile_kshift(const sc_moe_expert_params &q, bool routed)
 {
-    return SHIFT && routed ? q.kshift : 0;
+    return SHIFT && (ALL || routed) ? q.kshift : 0;
 }
 
-template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS, int SPLIT>
+// ---- e4m3 with a K shift: the consumer's loop over K ----------------------------------------
+//
+// Stage kt holds K [128 kt - ksh, 128 kt - ksh + 128): the end of scale block kt - 1 (its first
+// ksh columns: the head) and the start of block kt (the tail; none past K in the last stage,
+// none before 0 in the first). The head's MMAs finish the partial sums the previous stage's
+// tail began, which are then promoted with block kt - 1's scales; the tail's MMAs begin block
+// kt's. A k32 step that straddles the boundary (ksh % 32 == 16) runs twice from registers,
+// each time with the other half of A zero. The head's length is a template parameter (HEAD
+// whole k32 steps, STR the straddling one) and the first and last stages are peeled, so that
+// every path is straight-line: ptxas then keeps the MMAs asynchronous (a split point chosen
+// at run time inside the loop made it serialize them, in every fp8 kernel).
+
+template <int HEAD, bool STR> struct kshift_steps {
+    // The head: block kt - 1's columns of the stage, accumulated onto part.
+    template <class P, int BN>
+    static __device__ __forceinline__ void head(float *part, unsigned a_s, unsigned b_s,
+                                                const unsigned *af)
+    {
+#pragma unroll
+        for (int kk = 0; kk < HEAD; kk++)
+            wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32), smem_desc(b_s + kk * 32), 1);
+        if constexpr (STR)
+            wgmma_rs<BN>::run(part, af[0], af[1], af[4], af[4], smem_desc(b_s + HEAD * 32), 1);
+    }
+    // The tail: block kt's columns, part overwritten by the first.
+    template <class P, int BN>
+    static __device__ __forceinline__ void tail(float *part, unsigned a_s, unsigned b_s,
+                                                const unsigned *af)
+    {
+        if constexpr (STR)
+            wgmma_rs<BN>::run(part, af[4], af[4], af[2], af[3], smem_desc(b_s + HEAD * 32), 0);
+#pragma unroll
+        for (int kk = HEAD + (STR ? 1 : 0); kk < 4; kk++)
+            wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32), smem_desc(b_s + kk * 32),
+                                   STR || kk > HEAD);
+    }
+};
+
+// The shifted loop over the k_tiles stages (k_tiles >= 2) from ring position it; returns the
+// position after them. Every stage is given back once per warp, as in the aligned loop.
+template <class P, int MODE, int BN, int STAGES, class C, int HEAD, bool STR>
+__device__ __forceinline__ int fp8_shifted_run(int k_tiles, int it, unsigned ring,
+                                               unsigned full_bar, unsigned empty_bar, int c,
+                                               int warp, int lane, float *part, float *acc,
+                                               const float *sa, const float *sbg,
+                                               const float *sbu, int rows_cap, int r0,
+                                               int row_end)
+{
+    typedef kshift_steps<HEAD, STR> K;
+    // af[0..3]: the straddling step's A fragment; af[4]: a zero register (the other half)
+    unsigned af[5] = {0u, 0u, 0u, 0u, 0u};
+    for (int kt = 0; kt < k_tiles; kt++, it++) {
+        const int s = it % STAGES;
+        const unsigned ph = (unsigned)(it / STAGES) & 1u;
+        float sa0 = 0.f, sa1 = 0.f, sg = 0.f, su = 0.f;
+        if (kt > 0) { // block kt - 1's scales, loaded while the stage's copies land
+            const int kb = kt - 1;
+            if (r0 < row_end)
+                sa0 = sa[(long long)kb * rows_cap + r0];
+            if (r0 + 8 < row_end)
+                sa1 = sa[(long long)kb * rows_cap + r0 + 8];
+            sg = sbg[kb];
+            su = sbu[kb];
+        }
+        mbar_wait(full_bar + s * 8, ph);
+        const unsigned a_s = ring + s * C::STAGE_BYTES + c * 64 * 128;
+        const unsigned b_s = ring + s * C::STAGE_BYTES + C::A_BYTES;
+        if constexpr (STR)
+            a_fragment(a_s, HEAD * 32, warp, lane, af);
+        asm volatile("" : "+r"(af[0]), "+r"(af[1]), "+r"(af[2]), "+r"(af[3]), "+r"(af[4]));
+        wgmma_fence();
+        if (kt == 0) { // the first stage: its tail only
+            K::template tail<P, BN>(part, a_s, b_s, af);
+            wgmma_commit();
+            continue;
+        }
+        K::template head<P, BN>(part, a_s, b_s, af);
+        wgmma_commit();
+        wgmma_wait<0>(); // the previous stage's MMAs are done too
+        if (lane == 0)
+            mbar_arrive(empty_bar + ((it - 1) % STAGES) * 8);
+        promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
+        if (kt + 1 == k_tiles) { // the last stage: nothing of it remains in flight
+            if (lane == 0)
+                mbar_arrive(empty_bar + s * 8);
+            continue;
+        }
+        asm volatile("" : "+r"(af[0]), "+r"(af[1]), "+r"(af[2]), "+r"(af[3]), "+r"(af[4]));
+        wgmma_fence(); // (part was read: the tail overwrites it)
+        K::template tail<P, BN>(part, a_s, b_s, af);
+        wgmma_commit(); // waited for by the next stage's head
+    }
+    return it;
+}
+
+// The shift's 7 shapes (ksh = 16 .. 112 in steps of 16), chosen once per tile.
+template <class P, int MODE, int BN, int STAGES, class C>
+__device__ __forceinline__ int fp8_shifted_k(int ksh, int k_tiles, int it, unsigned ring,
+                                          unsigned full_bar, unsigned empty_bar, int c, int warp,
+                                          int lane, float *part, float *acc, const float *sa,
+                                          const float *sbg, const float *sbu, int rows_cap,
+                                          int r0, int row_end)
+{
+#define SC_KSHIFT_CASE(N, HEAD, STR)                                                            \
+    case N:                                                                                     \
+        return fp8_shifted_run<P, MODE, BN, STAGES, C, HEAD, STR>(                              \
+            k_tiles, it, ring, full_bar, empty_bar, c, warp, lane, part, acc, sa, sbg, sbu,     \
+            rows_cap, r0, row_end);
+    switch (ksh >> 4) {
+        SC_KSHIFT_CASE(1, 0, true)
+        SC_KSHIFT_CASE(2, 1, false)
+        SC_KSHIFT_CASE(3, 1, true)
+        SC_KSHIFT_CASE(4, 2, false)
+        SC_KSHIFT_CASE(5, 2, true)
+        SC_KSHIFT_CASE(6, 3, false)
+        default:
+            return fp8_shifted_run<P, MODE, BN, STAGES, C, 3, true>(
+                k_tiles, it, ring, full_bar, empty_bar, c, warp, lane, part, acc, sa, sbg, sbu,
+                rows_cap, r0, row_end);
+    }
+#undef SC_KSHIFT_CASE
+}
+
+template <class P, int MODE, int CONS, int BN, int STAGES, int A_BOX, int SUBS, int SPLIT, bool KSHIFT>
 __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_expert_params &q)
 {
     typedef cfg<CONS, BN, STAGES, SPLIT> C;
@@ -394,9 +520,12 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
     static_assert(!P::FP8 || SC_MOE_FP8_BLOCK % BN == 0 || MODE == MODE_W13,
                   "an fp8 W2 tile lies in one block of W2's scales");
     static_assert(P::FP8 || SUBS == 1, "bf16 W13 tiles are one pass");
-    // The K shift (tile_kshift), but in the fp8 W13 tiles of more than two passes, whose
-    // registers hold h across the passes and have none to spare for the split stages.
-    constexpr bool SHIFT = !(P::FP8 && SUBS > 2);
+    // The K shift (tile_kshift): bf16 always; e4m3 in the kernels made for it (KSHIFT: the host
+    // launches them for weights at unaligned offsets), but in the W13 tiles of more than two
+    // passes, whose registers hold h across the passes and have none to spare for the split
+    // stages. An e4m3 kernel has either the aligned loop over K or the shifted one, never
+    // both: a choice between them at run time makes ptxas serialize every MMA.
+    constexpr bool SHIFT = P::FP8 ? KSHIFT && SUBS <= 2 : true;
     // Consumers give a stage back once per warpgroup (bf16) or once per warp (e4m3, whose
     // warps wait for their own MMAs before the promotion).
     constexpr int RELEASES = P::FP8 ? 4 * CONS : CONS;
@@ -486,7 +615,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
             for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
                  t += tile_step) {
                 const bool routed = tl.e < E;
-                const int ksh = tile_kshift<SHIFT>(q, routed);
+                const int ksh = tile_kshift<SHIFT, P::FP8>(q, routed);
                 const int k_tiles = (K + ksh + KS - 1) / KS;
                 const tmap_t *gm = routed ? g.g_map : g.sg_map, *um = routed ? g.u_map : g.su_map;
                 // A: only the boxes of A_BOX rows that hold rows of this expert (a decode
@@ -541,7 +670,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         for (int t = first_tile; get_tile<BM>(t, m_total, n_tiles, group_m, tile_off, row_off, groups, tl);
              t += tile_step, tiles_done++) {
             const bool routed = tl.e < E;
-            const int ksh = tile_kshift<SHIFT>(q, routed);
+            const int ksh = tile_kshift<SHIFT, P::FP8>(q, routed);
             const int k_tiles = (K + ksh + KS - 1) / KS;
             // acc[f * 4 + q]: row r0 (+8 for q >= 2), column f * 8 + 2 * (lane % 4) (+1 for
             // odd q) of the pass's BN (W13: gate columns f < BN/16, then up).
@@ -579,83 +708,38 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                     }
                 }
                 int prev = -1;
-                // e4m3 with a K shift: stage kt holds K [128 kt - ksh, 128 kt - ksh + 128),
-                // the end of block kt - 1 (its first ksh columns: the head) and the start of
-                // block kt (the tail; none past K in the last stage, none before 0 in the
-                // first). The head's MMAs finish the partial sums the previous stage's tail
-                // began, which are then promoted with block kt - 1's scales; the tail's MMAs
-                // begin block kt's. A k32 step that straddles the boundary (ksh % 32 == 16)
-                // runs twice from registers, each time with the other half of A zero.
-                const int head = ksh / 32;
-                const bool straddle = P::FP8 && (ksh & 31) != 0;
-                for (int kt = 0; kt < k_tiles; kt++, it++) {
+                if constexpr (P::FP8 && SHIFT) // (weights at an unaligned offset: ksh > 0)
+                    it = fp8_shifted_k<P, MODE, BN, STAGES, C>(
+                        ksh, k_tiles, it, ring, full_bar, empty_bar, c, warp, lane, part, acc, sa,
+                        sbg, sbu, q.rows_cap, r0, tl.row_end);
+                for (int kt = 0; kt < (P::FP8 && SHIFT ? 0 : k_tiles); kt++, it++) {
                     const int s = it % STAGES;
                     const unsigned ph = (unsigned)(it / STAGES) & 1u;
-                    // e4m3: the scales of the block this stage completes (kt; kt - 1 when
-                    // shifted), loaded while the stage's copies land.
-                    const int kb = ksh ? kt - 1 : kt;
                     float sa0 = 0.f, sa1 = 0.f, sg = 0.f, su = 0.f;
-                    if (P::FP8 && kb >= 0) {
+                    if constexpr (P::FP8) { // loaded while the stage's copies land
                         if (r0 < tl.row_end)
-                            sa0 = sa[(long long)kb * q.rows_cap + r0];
+                            sa0 = sa[(long long)kt * q.rows_cap + r0];
                         if (r0 + 8 < tl.row_end)
-                            sa1 = sa[(long long)kb * q.rows_cap + r0 + 8];
-                        sg = sbg[kb];
-                        su = sbu[kb];
+                            sa1 = sa[(long long)kt * q.rows_cap + r0 + 8];
+                        sg = sbg[kt];
+                        su = sbu[kt];
                     }
                     mbar_wait(full_bar + s * 8, ph);
                     const unsigned a_s = ring + s * C::STAGE_BYTES + c * 64 * 128;
                     const unsigned b_s = ring + s * C::STAGE_BYTES + C::A_BYTES;
+                    wgmma_fence();
                     if constexpr (P::FP8) {
-                        if (ksh == 0) {
-                            wgmma_fence();
 #pragma unroll
-                            for (int kk = 0; kk < 4; kk++)
-                                wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
-                                                       smem_desc(b_s + kk * 32), kk > 0);
-                            wgmma_commit();
-                            wgmma_wait<0>(); // this warp's MMAs are done: give the stage back
-                            if (lane == 0)
-                                mbar_arrive(empty_bar + s * 8);
-                            // The promotion: the stage's 128 of K, scaled, into the accumulators.
-                            promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
-                        } else if constexpr (SHIFT) {
-                            unsigned af[4] = {0u, 0u, 0u, 0u};
-                            if (straddle)
-                                a_fragment(a_s, head * 32, warp, lane, af);
-                            wgmma_fence();
-                            if (kt > 0) { // the head: block kt - 1's last ksh columns
-                                for (int kk = 0; kk < head; kk++)
-                                    wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
-                                                           smem_desc(b_s + kk * 32), 1);
-                                if (straddle)
-                                    wgmma_rs<BN>::run(part, af[0], af[1], 0u, 0u,
-                                                      smem_desc(b_s + head * 32), 1);
-                                wgmma_commit();
-                                wgmma_wait<0>(); // the previous stage's MMAs are done too
-                                if (lane == 0)
-                                    mbar_arrive(empty_bar + ((it - 1) % STAGES) * 8);
-                                promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
-                                wgmma_fence(); // (part was read: the tail overwrites it)
-                            }
-                            if (kt + 1 < k_tiles) { // the tail: block kt's first columns
-                                int kk = head;
-                                if (straddle) {
-                                    wgmma_rs<BN>::run(part, 0u, 0u, af[2], af[3],
-                                                      smem_desc(b_s + head * 32), 0);
-                                    kk++;
-                                }
-                                for (; kk < 4; kk++)
-                                    wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
-                                                           smem_desc(b_s + kk * 32),
-                                                           kk > head || straddle);
-                                wgmma_commit(); // waited for by the next stage's head
-                            } else if (lane == 0) {
-                                mbar_arrive(empty_bar + s * 8); // the last stage: all done
-                            }
-                        }
+                        for (int kk = 0; kk < 4; kk++)
+                            wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32),
+                                                   smem_desc(b_s + kk * 32), kk > 0);
+                        wgmma_commit();
+                        wgmma_wait<0>(); // this warp's MMAs are done: give the stage back
+                        if (lane == 0)
+                            mbar_arrive(empty_bar + s * 8);
+                        // The promotion: the stage's 128 of K, scaled, into the accumulators.
+                        promote<MODE, BN>(acc, part, sa0, sa1, sg, su);
                     } else {
-                        wgmma_fence();
 #pragma unroll
                         for (int kk = 0; kk < 4; kk++)
                             wgmma_tile<P, BN>::run(acc, smem_desc(a_s + kk * 32),
@@ -855,7 +939,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &g_map, &u_map, &sg_map, &su_map, h, nullptr, nullptr,  \
                              b13, nullptr, nullptr, nullptr, row_offsets, q.I, q.H,           \
                              rows_per_expert};                                                 \
-        grouped_gemm<prec_bf16, MODE_W13, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                \
+        grouped_gemm<prec_bf16, MODE_W13, CONS, BN, STAGES, A_BOX, 1, 1, true>(g, q);          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), 1)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
@@ -867,13 +951,13 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
                              perm_weight, b2, nullptr, nullptr, nullptr, row_offsets, q.H,    \
                              q.I, q.H};                                                        \
-        grouped_gemm<prec_bf16, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                 \
+        grouped_gemm<prec_bf16, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1, true>(g, q);           \
     }
 
 // e4m3: x_scale / h_scale [K / 128][rows_cap], the weights' block scales (w13_scale [E,
 // 2I/128, H/128], shared_w13_scale [2 I_s/128, H/128]; w2_scale [E, H/128, I/128],
 // shared_w2_scale [H/128, I_s/128]); W13 writes h (e4m3) and h_scale.
-#define SC_MOE_SM90_KERNELS_E4M3(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)                  \
+#define SC_MOE_SM90_KERNELS_E4M3_KS(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS, SHIFTED)    \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), CTAS)                          \
         sc_moe_w13_sm90_##NAME(const __grid_constant__ tmap_t a_map,                           \
                                const __grid_constant__ tmap_t g_map,                           \
@@ -889,7 +973,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                              b13, x_scale, w13_scale, shared_w13_scale, row_offsets, q.I,     \
                              q.H, rows_per_expert};                                            \
         grouped_gemm<prec_e4m3, MODE_W13, CONS, BN, STAGES, A_BOX,                             \
-                     SC_MOE_FP8_BLOCK / SPLIT / (BN / 2), SPLIT>(g, q);                        \
+                     SC_MOE_FP8_BLOCK / SPLIT / (BN / 2), SPLIT, SHIFTED>(g, q);               \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), CTAS)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \
@@ -902,8 +986,13 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
         const gemm_args g = {&a_map, &b_map, &b_map, &sb_map, &sb_map, y, nullptr,            \
                              perm_weight, b2, h_scale, w2_scale, shared_w2_scale,             \
                              row_offsets, q.H, q.I, q.H};                                      \
-        grouped_gemm<prec_e4m3, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1>(g, q);                 \
+        grouped_gemm<prec_e4m3, MODE_W2, CONS, BN, STAGES, A_BOX, 1, 1, SHIFTED>(g, q);        \
     }
+// Each e4m3 tile twice: for weights 128-byte aligned (NAME) and with the K shift for weights
+// at other offsets (NAME_ks; the host picks per GEMM).
+#define SC_MOE_SM90_KERNELS_E4M3(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)                  \
+    SC_MOE_SM90_KERNELS_E4M3_KS(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS, false)           \
+    SC_MOE_SM90_KERNELS_E4M3_KS(NAME##_ks, CONS, BN, STAGES, A_BOX, SPLIT, CTAS, true)
 
 #define SC_MOE_SM90_TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)        \
     SC_MOE_SM90_KERNELS_##PREC(NAME, CONS, BN, STAGES, A_BOX, SPLIT, CTAS)

@@ -25,11 +25,18 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_GATHER_FP8] = {MOE_CU, "sc_moe_gather_fp8", SM90, 0},
     [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
     [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
+/* the kernels' names for weights at an unaligned offset: e4m3's _ks twins, bf16's own */
+#define SHIFTED_NAME_BF16 ""
+#define SHIFTED_NAME_E4M3 "_ks"
 #define TILE_KERNELS(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)                         \
     [SCI_MOE_K_W13_##ID] = {SM90_CU, "sc_moe_w13_sm90_" #NAME, SM90,                      \
                             SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},                          \
     [SCI_MOE_K_W2_##ID] = {SM90_CU, "sc_moe_w2_sm90_" #NAME, SM90,                        \
-                           SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},
+                           SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},                           \
+    [SCI_MOE_K_W13S_##ID] = {SM90_CU, "sc_moe_w13_sm90_" #NAME SHIFTED_NAME_##PREC, SM90,        \
+                             SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},                         \
+    [SCI_MOE_K_W2S_##ID] = {SM90_CU, "sc_moe_w2_sm90_" #NAME SHIFTED_NAME_##PREC, SM90,          \
+                            SC_MOE_SM90_SMEM(CONS, BN, STAGES, SPLIT)},
     SC_MOE_SM90_TILES(TILE_KERNELS)
 #undef TILE_KERNELS
 };
@@ -39,7 +46,8 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
 #define TILE_INFO(ID, NAME, PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT)                     \
     [SCI_MOE_TILE_##ID] = {PREC_FP8_##PREC, CONS, BN, STAGES, A_BOX, CTAS, SPLIT,          \
                            PREC_FP8_##PREC ? SC_MOE_FP8_BLOCK : (BN) / 2,                 \
-                           SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID, #NAME,                  \
+                           SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID, SCI_MOE_K_W13S_##ID,    \
+                           SCI_MOE_K_W2S_##ID, #NAME,                                     \
                            "w13 gemm (sm90 " #NAME ")", "w2 gemm (sm90 " #NAME ")"},
 const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {SC_MOE_SM90_TILES(TILE_INFO)};
 #undef TILE_INFO

@@ -13,8 +13,11 @@
 #include "safecuda/moe.h"
 
 /* The kernels of kernels/moe/ the layer uses: the routing's, the MMA backend's GEMMs, and
- * the SM90 GEMMs of each tile shape (SCI_MOE_K_W13_LARGE, ..., from SC_MOE_SM90_TILES). */
-#define SCI_MOE_TILE_KERNEL_ENUM(ID, ...) SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID,
+ * the SM90 GEMMs of each tile shape (SCI_MOE_K_W13_LARGE, ..., from SC_MOE_SM90_TILES), each
+ * also as launched for weights at an unaligned offset (SCI_MOE_K_W13S_LARGE, ...: e4m3's
+ * own kernels with the K shift, moe_sm90a.cu; bf16's shift is in its one kernel). */
+#define SCI_MOE_TILE_KERNEL_ENUM(ID, ...)                                                   \
+    SCI_MOE_K_W13_##ID, SCI_MOE_K_W2_##ID, SCI_MOE_K_W13S_##ID, SCI_MOE_K_W2S_##ID,
 typedef enum sci_moe_kernel {
     SCI_MOE_K_ROUTER, SCI_MOE_K_TOPK, SCI_MOE_K_OFFSETS, SCI_MOE_K_SCATTER, SCI_MOE_K_COMBINE,
     SCI_MOE_K_W13, SCI_MOE_K_W2, /* MMA backend */
@@ -47,6 +50,7 @@ typedef struct sci_moe_tile_info {
     int split;                  /* W13: CTAs of a cluster sharing a tile (grid a multiple) */
     int cols13;                 /* columns of h per W13 tile: bn/2, or 128 for fp8 */
     sci_moe_kernel k13, k2;
+    sci_moe_kernel k13s, k2s;   /* for weights at an unaligned offset (the K shift) */
     const char *name;           /* as SAFECUDA_MOE_TILE names it */
     const char *step13, *step2; /* the GEMMs' profile step names */
 } sci_moe_tile_info;

@@ -12,10 +12,10 @@
  * clamped SwiGLU, biases, router bias) and a GeGLU layer with a gated shared expert of 2I,
  * at T = 1, 7 (routing in one launch), 129, 1000 and 4096. Per forward: relative L2 <= 1e-2
  * over the checked tokens, every output finite; a repeat bitwise; the same weights as views
- * into one allocation twice: at offsets 32 and 96 bytes past a multiple of 128 (the K shift
- * splits each stage between MMAs, the sums as without it: bitwise the same output), and at
- * odd multiples of 16 (the shift splits an MMA in two: against the reference, and bitwise
- * on repeat); out += layer(x); a captured graph's
+ * into one allocation three times: at offsets 32 and 96 bytes past a multiple of 128 (the K
+ * shift splits each stage between MMAs, the sums as without it: bitwise the same output),
+ * and twice at odd multiples of 16 (the shift splits an MMA in two: against the reference,
+ * and bitwise on repeat); out += layer(x); a captured graph's
  * replay bitwise the eager forward. The caller's routing: every token to one expert, padded
  * slots, experts with no token. Every fp8 tile shape forced in turn (SAFECUDA_MOE_TILE).
  * Skipped before sm_90 (the layer refuses fp8 there: checked).
@@ -140,6 +140,7 @@ static void download(void *host, uint64_t bytes, sc_buffer b)
     REQUIRE(sc_copy_to_host(SC_DEFAULT_STREAM, host, bytes, sc_view_of(b)) == SC_OK);
 }
 
+#define NV 3 /* the checkpoints of views */
 typedef struct weights {
     /* the experts stacked: W13 [E 2I, H], W2 [E H, I] (each expert's blocks its own, since
      * 2I and H are multiples of 128); the shared expert's [2 I_s, H] and [H, I_s] */
@@ -149,11 +150,12 @@ typedef struct weights {
     sc_buffer drouter, dw13, dw2, dw13s, dw2s, dsw13, dsw2, dsw13s, dsw2s;
     sc_buffer dsbias, drbias, db13, db2, dgate;
     /* the fp8 weights and their scales again, as views into one allocation each: [0] at
-     * offsets of 32 and 96 bytes past a multiple of 128, [1] at odd multiples of 16 */
+     * offsets of 32 and 96 bytes past a multiple of 128, [1] and [2] at odd multiples of 16
+     * (the K shift's shapes: every one of 16 .. 112 but 64 among the routed weights) */
     struct {
         sc_buffer ckpt, ckpt32;
         sc_view w13, w2, sw13, sw2, w13s, w2s, sw13s, sw2s;
-    } v[2];
+    } v[NV];
 } weights;
 
 /* The first offset at or past *cursor (bytes) that is `rest` bytes past a multiple of 128,
@@ -227,12 +229,12 @@ static void make_weights(const model *m, weights *w, uint64_t seed)
         w->dgate = upload(SC_BF16, w->gate, H, "shared_gate");
     }
     /* The checkpoints: the fp8 weights at (W13, W2, shared W13, shared W2) 96, 32, 64, 32
-     * bytes past multiples of 128, or 16, 48, 80, 112; their scales at odd multiples of 16
-     * bytes of one f32 allocation. */
-    static const uint64_t rest[2][4] = {{96, 32, 64, 32}, {16, 48, 80, 112}};
+     * bytes past multiples of 128, or 16, 48, 80, 112, or 80, 112, 16, 48; their scales at odd
+     * multiples of 16 bytes of one f32 allocation. */
+    static const uint64_t rest[NV][4] = {{96, 32, 64, 32}, {16, 48, 80, 112}, {80, 112, 16, 48}};
     const uint64_t n13s = E * 2 * I / 128 * H / 128, n2s = E * H / 128 * I / 128;
     const uint64_t ns13s = 2 * Is / 128 * H / 128, ns2s = H / 128 * Is / 128;
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < NV; c++) {
         uint64_t c8 = 0, c32 = 0;
         const uint64_t o13 = place(&c8, 1, E * 2 * I * H, rest[c][0]);
         const uint64_t o2 = place(&c8, 1, E * H * I, rest[c][1]);
@@ -257,7 +259,8 @@ static void free_weights(weights *w)
 {
     sc_buffer bufs[] = {w->drouter, w->dw13, w->dw2, w->dw13s, w->dw2s, w->dsw13, w->dsw2,
                         w->dsw13s, w->dsw2s, w->dsbias, w->drbias, w->db13, w->db2, w->dgate,
-                        w->v[0].ckpt, w->v[0].ckpt32, w->v[1].ckpt, w->v[1].ckpt32};
+                        w->v[0].ckpt, w->v[0].ckpt32, w->v[1].ckpt, w->v[1].ckpt32,
+                        w->v[2].ckpt, w->v[2].ckpt32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i].id)
             CHECK_OK(sc_buffer_destroy(bufs[i]));
@@ -534,16 +537,22 @@ static void run_case(const model *m, const weights *w, sc_moe layer, const sc_mo
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[0], sc_view_of(dx), sc_view_of(dout), NULL));
     download(out2, n * 2, dout);
     CHECK_BYTES(out2, out, n * 2, "weights as views at 32-byte steps: out");
-    poison(dout, SC_BF16, 3);
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[1], sc_view_of(dx), sc_view_of(dout), NULL));
-    download(out2, n * 2, dout);
-    compare(m, w, T, x, out2, ids, wts, NULL, "weights as views at odd 16-byte steps");
-    poison(dout, SC_BF16, 4);
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[1], sc_view_of(dx), sc_view_of(dout), NULL));
-    uint16_t *out3 = test_xmalloc(n * 2);
-    download(out3, n * 2, dout);
-    CHECK_BYTES(out3, out2, n * 2, "weights as views at odd 16-byte steps, repeated: out");
-    free(out3);
+    for (int c = 1; c < NV; c++) {
+        poison(dout, SC_BF16, 3);
+        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[c], sc_view_of(dx), sc_view_of(dout),
+                                NULL));
+        download(out2, n * 2, dout);
+        compare(m, w, T, x, out2, ids, wts, NULL,
+                c == 1 ? "weights as views at odd 16-byte steps (16, 48)"
+                       : "weights as views at odd 16-byte steps (80, 112)");
+        poison(dout, SC_BF16, 4);
+        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[c], sc_view_of(dx), sc_view_of(dout),
+                                NULL));
+        uint16_t *out3 = test_xmalloc(n * 2);
+        download(out3, n * 2, dout);
+        CHECK_BYTES(out3, out2, n * 2, "weights as views at odd 16-byte steps, repeated: out");
+        free(out3);
+    }
 
     REQUIRE(sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(dout), old, n * 2) == SC_OK);
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, layer, sc_view_of(dx), sc_view_of(dout),
@@ -592,12 +601,14 @@ static void run_model(const model *m, const uint64_t *Ts, int nT, uint64_t seed)
     printf("%s\n", m->name);
     weights w;
     make_weights(m, &w, seed);
-    sc_moe layer = make_layer(m, &w, -1), vlayer[2] = {make_layer(m, &w, 0), make_layer(m, &w, 1)};
+    sc_moe layer = make_layer(m, &w, -1);
+    sc_moe vlayer[NV] = {make_layer(m, &w, 0), make_layer(m, &w, 1), make_layer(m, &w, 2)};
     for (int i = 0; i < nT; i++)
         run_case(m, &w, layer, vlayer, Ts[i], seed * 100 + (uint64_t)i, Ts[i] == 7 || Ts[i] == 129);
     CHECK_OK(sc_moe_destroy(layer));
     CHECK_OK(sc_moe_destroy(vlayer[0]));
     CHECK_OK(sc_moe_destroy(vlayer[1]));
+    CHECK_OK(sc_moe_destroy(vlayer[2]));
     free_weights(&w);
 }
 
@@ -631,12 +642,13 @@ static void test_tiles(void)
             weights w;
             make_weights(m, &w, 31 + t);
             sc_moe layer = make_layer(m, &w, -1);
-            sc_moe vlayer[2] = {make_layer(m, &w, 0), make_layer(m, &w, 1)};
+            sc_moe vlayer[NV] = {make_layer(m, &w, 0), make_layer(m, &w, 1), make_layer(m, &w, 2)};
             for (int j = 0; j < 2; j++)
                 run_case(m, &w, layer, vlayer, Ts[j], 500 + t * 10 + (uint64_t)j, false);
             CHECK_OK(sc_moe_destroy(layer));
             CHECK_OK(sc_moe_destroy(vlayer[0]));
             CHECK_OK(sc_moe_destroy(vlayer[1]));
+            CHECK_OK(sc_moe_destroy(vlayer[2]));
             free_weights(&w);
         }
     }
