@@ -314,10 +314,11 @@ static sc_status issue_gemms_fp8(const forward *f, const sc_moe_expert_params *q
     const int t = p->tile;
     const sc_view b13 = wt_or_none(f, SCI_MOE_WT_W13_BIAS), b2 = wt_or_none(f, SCI_MOE_WT_W2_BIAS);
     /* weights at an unaligned offset: the tile's kernels with the K shift */
-    const sci_moe_kernel k13 = q13->kshift ? sci_moe_tiles[t].k13s : p->k13;
-    const sci_moe_kernel k2 = q2->kshift ? sci_moe_tiles[t].k2s : p->k2;
+    const bool s13 = q13->kshift && sci_moe_tiles[t].w13_shifts, s2 = q2->kshift != 0;
+    const sci_moe_kernel k13 = s13 ? sci_moe_tiles[t].k13s : p->k13;
+    const sci_moe_kernel k2 = s2 ? sci_moe_tiles[t].k2s : p->k2;
     sc_status s;
-    if ((s = step(f->st, p->step13)) != SC_OK ||
+    if ((s = step(f->st, s13 ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[k13], &p->w13,
                        sc_arg_tensor_map_in(&m->xperm_map[t]), sc_arg_tensor_map_in(&m->g_map[t]),
                        sc_arg_tensor_map_in(&m->u_map[t]), sc_arg_tensor_map_in(&m->sg_map[t]),
@@ -328,7 +329,7 @@ static sc_status issue_gemms_fp8(const forward *f, const sc_moe_expert_params *q
                        sc_arg_out(ws(f, SCI_MOE_W_HS)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_i32(rows_per_expert), sc_arg_bytes(q13, sizeof *q13))) != SC_OK)
         return s;
-    if ((s = step(f->st, p->step2)) != SC_OK ||
+    if ((s = step(f->st, s2 ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[k2], &p->w2, sc_arg_tensor_map_in(&m->h_map[t]),
                        sc_arg_tensor_map_in(&m->w2_map[t]), sc_arg_tensor_map_in(&m->sw2_map[t]),
                        sc_arg_in(ws(f, SCI_MOE_W_HS)), sc_arg_in(m->wt[SCI_MOE_WT_W2_SCALE]),
@@ -360,7 +361,7 @@ static sc_status issue_gemms(const forward *f)
                                             : 2 * m->desc.intermediate;
         if (m->cfg.fp8)
             return issue_gemms_fp8(f, &q13, &q2, rows_per_expert);
-        if ((s = step(f->st, p->step13)) != SC_OK ||
+        if ((s = step(f->st, q13.kshift ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
                            sc_arg_tensor_map_in(&m->g_map[t]), sc_arg_tensor_map_in(&m->u_map[t]),
@@ -369,7 +370,7 @@ static sc_status issue_gemms(const forward *f)
                            sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                            sc_arg_i32(rows_per_expert), sc_arg_bytes(&q13, sizeof q13))) != SC_OK)
             return s;
-        if ((s = step(f->st, p->step2)) != SC_OK ||
+        if ((s = step(f->st, q2.kshift ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2,
                            sc_arg_tensor_map_in(&m->h_map[t]),
                            sc_arg_tensor_map_in(&m->w2_map[t]),

@@ -53,6 +53,9 @@ typedef struct sci_moe_tile_info {
     sci_moe_kernel k13s, k2s;   /* for weights at an unaligned offset (the K shift) */
     const char *name;           /* as SAFECUDA_MOE_TILE names it */
     const char *step13, *step2; /* the GEMMs' profile step names */
+    const char *step13s, *step2s; /* theirs with the K shift (weights at unaligned offsets) */
+    bool w13_shifts;            /* false: the W13 kernel reads unaligned weights unshifted
+                                   (e4m3 tiles of more than two passes: moe_sm90a.cu) */
 } sci_moe_tile_info;
 
 extern const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES];

@@ -537,6 +537,22 @@ static void run_case(const model *m, const weights *w, sc_moe layer, const sc_mo
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[0], sc_view_of(dx), sc_view_of(dout), NULL));
     download(out2, n * 2, dout);
     CHECK_BYTES(out2, out, n * 2, "weights as views at 32-byte steps: out");
+    /* The views' GEMMs run shifted (their profile steps say so), the whole buffers' not. */
+    for (int c = -1; c < NV; c++) {
+        sc_moe_profile prof;
+        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, c < 0 ? layer : vlayer[c], sc_view_of(dx),
+                                sc_view_of(dout), &(sc_moe_forward_desc){.profile = &prof}));
+        int shifted = 0, narrow = 0; /* (fp8_narrow's W13 reads unaligned boxes) */
+        for (int i = 0; i < prof.steps; i++) {
+            shifted += prof.name[i] && strstr(prof.name[i], "K shift") != NULL;
+            narrow += prof.name[i] && strstr(prof.name[i], "w13 gemm (sm90 fp8_narrow") != NULL;
+        }
+        const int want = c < 0 ? 0 : narrow ? 1 : 2;
+        if (shifted != want)
+            fprintf(stderr, "%s, layer %d: %d GEMM steps shifted, not %d\n", m->name, c,
+                    shifted, want);
+        CHECK(shifted == want);
+    }
     for (int c = 1; c < NV; c++) {
         poison(dout, SC_BF16, 3);
         CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer[c], sc_view_of(dx), sc_view_of(dout),
