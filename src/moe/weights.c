@@ -359,10 +359,11 @@ sc_status sci_moe_encode_weight_maps(sci_moe *m)
     }
     /* The routed weights' K shift: their misalignment within 128 bytes, in elements (the
      * kernels then start K that much early, so each box starts 128-byte aligned: a
-     * checkpoint's views at 16-byte offsets read whole lines). Every row of a weight has
-     * the same misalignment (its rows are a multiple of 128 bytes apart). e4m3 splits its
-     * stages at the scale blocks' boundaries (moe_sm90a.cu). SAFECUDA_MOE_KSHIFT=0 turns it
-     * off (for comparisons). */
+     * checkpoint's views at 16-byte offsets read whole lines): exactly for every row when the
+     * rows are a multiple of 128 bytes apart (always for e4m3, whose H and I are multiples
+     * of 128), for the first row's boxes otherwise. e4m3 splits its stages at the scale
+     * blocks' boundaries (moe_sm90a.cu). SAFECUDA_MOE_KSHIFT=0 turns it off (for
+     * comparisons). */
     if (s == SC_OK) {
         const char *env = getenv("SAFECUDA_MOE_KSHIFT");
         const bool on = !(env && strcmp(env, "0") == 0);

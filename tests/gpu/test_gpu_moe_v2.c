@@ -863,7 +863,16 @@ static void run_own_routing(const tcase *tc, int bi, sc_moe layer, sc_moe vlayer
          * split K elsewhere: the reference decides, then a repeat is bitwise. */
         compare(tc, bi, "weights as views", b.hout2, b.hids2, b.hwts2, false);
         poison(b.out, SC_BF16, 5);
-        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer, x, out, NULL));
+        sc_moe_profile prof; /* (its steps say the GEMMs ran shifted: the views' W13 and W2
+                                are at odd multiples of 16 bytes) */
+        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, vlayer, x, out,
+                                &(sc_moe_forward_desc){.profile = &prof}));
+        int shifted = 0;
+        for (int i = 0; i < prof.steps; i++)
+            shifted += prof.name[i] && strstr(prof.name[i], "K shift") != NULL;
+        if (shifted != 2)
+            fprintf(stderr, "weights as views: %d GEMM steps shifted, not 2\n", shifted);
+        CHECK(shifted == 2);
         download(b.hout, n * 2, b.out);
         CHECK_BYTES(b.hout, b.hout2, n * 2, "weights as views, repeated: out");
     } else {
