@@ -41,14 +41,35 @@ static const shape shapes[] = {
 
 /* ---- random weights ------------------------------------------------------------------- */
 
-static unsigned char *host_block; /* 16 MiB of random bytes */
+/* Per dtype, 16 MiB (+ 8 KiB for the shifted windows below) of random values made harmless:
+ * bf16 with a small exponent (2^-7 <= |v| < 2), e4m3 bytes without bit 6 (exponent <= 7: no
+ * NaN code), f32 in [0.005, 0.015). */
 #define HOST_BLOCK (16u << 20)
+#define HOST_BLOCK_ALLOC (HOST_BLOCK + 3 * 4096)
+static unsigned char *blocks[3]; /* bf16, e4m3, f32 */
 
-/* A buffer of count elements of dtype on ctx, filled with random values (bf16 from random
- * bytes with the exponent kept small, e4m3 without NaN codes, f32 in [0.005, 0.015)). */
-static sc_buffer random_buffer(sc_context ctx, sc_stream s, sc_dtype dtype, uint64_t count,
-                               const char *label)
+static void make_blocks(void)
 {
+    for (int d = 0; d < 3; d++) {
+        blocks[d] = bench_xmalloc(HOST_BLOCK_ALLOC);
+        bench_fill_random(blocks[d], HOST_BLOCK_ALLOC, 0x5AFE + (uint64_t)d);
+    }
+    uint16_t *bf = (uint16_t *)blocks[0];
+    for (size_t i = 0; i < HOST_BLOCK_ALLOC / 2; i++)
+        bf[i] = (uint16_t)((bf[i] & 0x807f) | 0x3c00 | ((bf[i] >> 7 & 7) << 7));
+    for (size_t i = 0; i < HOST_BLOCK_ALLOC; i++)
+        blocks[1][i] &= 0xbf;
+    uint32_t *u = (uint32_t *)blocks[2];
+    float *f = (float *)blocks[2];
+    for (size_t i = 0; i < HOST_BLOCK_ALLOC / 4; i++)
+        f[i] = 0.005f + 0.01f * (float)(u[i] >> 8) / 16777216.0f;
+}
+
+/* A buffer of count elements of dtype (bf16, e4m3 or f32) on ctx, filled from its block
+ * (in windows shifted by 4 KiB per 16 MiB, so that the weights are not one block repeated). */
+static sc_buffer rnd(sc_context ctx, sc_stream s, sc_dtype dtype, uint64_t count, const char *label)
+{
+    const unsigned char *src = blocks[dtype == SC_BF16 ? 0 : dtype == SC_F8E4M3 ? 1 : 2];
     sc_buffer b;
     SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = dtype, .count = count, .label = label},
                             &b));
@@ -57,45 +78,9 @@ static sc_buffer random_buffer(sc_context ctx, sc_stream s, sc_dtype dtype, uint
         const uint64_t n = bytes - off < HOST_BLOCK ? bytes - off : HOST_BLOCK;
         sc_view v;
         SC_TRY(sc_buffer_view(b, off / es, n / es, &v));
-        SC_TRY(sc_copy_from_host(s, v, host_block + (off / HOST_BLOCK % 3) * 4096, n));
+        SC_TRY(sc_copy_from_host(s, v, src + (off / HOST_BLOCK % 3) * 4096, n));
     }
     return b;
-}
-
-static void make_host_block(void)
-{
-    /* 16 MiB + 8 KiB so that the three shifted windows above stay inside */
-    host_block = bench_xmalloc(HOST_BLOCK + 3 * 4096);
-    bench_fill_random(host_block, HOST_BLOCK + 3 * 4096, 0x5AFE);
-}
-
-/* Per dtype, the random bytes made harmless: bf16 values get a small exponent (|v| < 2),
- * e4m3 bytes lose bit 6 (exponent <= 7: no NaN), f32 become [0.005, 0.015). The host block is
- * reused for every dtype, so each dtype gets its own copy. */
-static unsigned char *blocks[3];
-static void make_blocks(void)
-{
-    make_host_block();
-    const size_t n = HOST_BLOCK + 3 * 4096;
-    for (int d = 0; d < 3; d++) {
-        blocks[d] = bench_xmalloc(n);
-        memcpy(blocks[d], host_block, n);
-    }
-    uint16_t *bf = (uint16_t *)blocks[0];
-    for (size_t i = 0; i < n / 2; i++)
-        bf[i] = (uint16_t)((bf[i] & 0x807f) | 0x3c00 | ((bf[i] >> 7 & 7) << 7)); /* 2^-7 .. 2^0 */
-    for (size_t i = 0; i < n; i++)
-        blocks[1][i] &= 0xbf;
-    float *f = (float *)blocks[2];
-    for (size_t i = 0; i < n / 4; i++)
-        f[i] = 0.005f + 0.01f * (float)(((uint32_t *)blocks[2])[i] >> 8) / 16777216.0f;
-    free(host_block);
-}
-
-static sc_buffer rnd(sc_context ctx, sc_stream s, sc_dtype dtype, uint64_t count, const char *label)
-{
-    host_block = blocks[dtype == SC_BF16 ? 0 : dtype == SC_F8E4M3 ? 1 : 2];
-    return random_buffer(ctx, s, dtype, count, label);
 }
 
 /* ---- one layer: the full one (n = 1) or a rank's shard ------------------------------- */

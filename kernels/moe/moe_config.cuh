@@ -96,6 +96,11 @@
      2 * (SC_MOE_MAX_GROUPS + 1) * 4 + ((SPLIT) > 1 ? (CONS) * 64 * 4 + 32 : 0))
 /* fp8 experts: 128 x 128 weight blocks, activations scaled per row per 128 channels. */
 #define SC_MOE_FP8_BLOCK 128
+/* An fp8 W13 tile's passes over K (its 128 columns of h over the cluster's SPLIT CTAs, BN/2
+ * per pass), and the most passes whose kernels take the K shift (more keep h in registers
+ * across the passes and have none to spare: those read unaligned weights unshifted). */
+#define SC_MOE_FP8_W13_PASSES(BN, SPLIT) (SC_MOE_FP8_BLOCK / (SPLIT) / ((BN) / 2))
+#define SC_MOE_FP8_SHIFT_MAX_PASSES 2
 #define SC_MOE_GATHER_FP8_WARPS 8 /* x gathered and quantized: a warp per row and 128 */
 #define SC_MOE_COMBINE_THREADS 256
 

@@ -525,7 +525,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
     // passes, whose registers hold h across the passes and have none to spare for the split
     // stages. An e4m3 kernel has either the aligned loop over K or the shifted one, never
     // both: a choice between them at run time makes ptxas serialize every MMA.
-    constexpr bool SHIFT = P::FP8 ? KSHIFT && SUBS <= 2 : true;
+    constexpr bool SHIFT = P::FP8 ? KSHIFT && SUBS <= SC_MOE_FP8_SHIFT_MAX_PASSES : true;
     // Consumers give a stage back once per warpgroup (bf16) or once per warp (e4m3, whose
     // warps wait for their own MMAs before the promotion).
     constexpr int RELEASES = P::FP8 ? 4 * CONS : CONS;
@@ -973,7 +973,7 @@ __device__ __forceinline__ void grouped_gemm(const gemm_args &g, const sc_moe_ex
                              b13, x_scale, w13_scale, shared_w13_scale, row_offsets, q.I,     \
                              q.H, rows_per_expert};                                            \
         grouped_gemm<prec_e4m3, MODE_W13, CONS, BN, STAGES, A_BOX,                             \
-                     SC_MOE_FP8_BLOCK / SPLIT / (BN / 2), SPLIT, SHIFTED>(g, q);               \
+                     SC_MOE_FP8_W13_PASSES(BN, SPLIT), SPLIT, SHIFTED>(g, q);                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128 * (CONS + 1), CTAS)                          \
         sc_moe_w2_sm90_##NAME(const __grid_constant__ tmap_t a_map,                            \

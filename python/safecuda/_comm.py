@@ -318,16 +318,17 @@ class Comm(_Resource):
     def send(self, src, peer, *, stream=None):
         """Send src to rank peer (which calls recv with the same count and dtype)."""
         s = _view("send", "src", src)
-        p = _int("send", "peer", peer)
-        if not 0 <= p < self._nranks:
-            raise ValueError(f"Comm.send: peer {p} is outside 0 .. {self._nranks - 1}")
-        _check(lib.sc_comm_send(self._h, _stream("send", stream), s, p))
+        _check(lib.sc_comm_send(self._h, _stream("send", stream), s, self._peer("send", peer)))
 
     def recv(self, dst, peer, *, stream=None):
         """Receive from rank peer into dst (see send)."""
         d = _view("recv", "dst", dst)
-        p = _int("recv", "peer", peer)
+        _check(lib.sc_comm_recv(self._h, _stream("recv", stream), d, self._peer("recv", peer)))
+
+    def _peer(self, fn, peer):
+        """peer as an int rank of this communicator (Comm.fn's ValueError otherwise)."""
+        p = _int(fn, "peer", peer)
         if not 0 <= p < self._nranks:
-            raise ValueError(f"Comm.recv: peer {p} is outside 0 .. {self._nranks - 1}")
-        _check(lib.sc_comm_recv(self._h, _stream("recv", stream), d, p))
+            raise ValueError(f"Comm.{fn}: peer {p} is outside 0 .. {self._nranks - 1}")
+        return p
 

@@ -51,7 +51,8 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
                            "w13 gemm (sm90 " #NAME ")", "w2 gemm (sm90 " #NAME ")",     \
                            "w13 gemm (sm90 " #NAME ", K shift)",                          \
                            "w2 gemm (sm90 " #NAME ", K shift)",                           \
-                           !PREC_FP8_##PREC || SC_MOE_FP8_BLOCK / (SPLIT) / ((BN) / 2) <= 2},
+                           !PREC_FP8_##PREC ||                                            \
+                               SC_MOE_FP8_W13_PASSES(BN, SPLIT) <= SC_MOE_FP8_SHIFT_MAX_PASSES},
 const sci_moe_tile_info sci_moe_tiles[SCI_MOE_N_TILES] = {SC_MOE_SM90_TILES(TILE_INFO)};
 #undef TILE_INFO
 
