@@ -214,6 +214,10 @@ static void *rank_scatter(void *arg)
     upload(ranks[r].w[5], contents[r], sizeof contents[r]);
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, rs_layers[r], x4, out2,
                             &(sc_moe_forward_desc){.accumulate = true}));
+    /* The test device runs work enqueued behind an unfinished collective at once (its holds
+     * model completion only, testdevice/hold.c): without this wait the second forward would
+     * rewrite its partial while the other rank's thread still reduces the first. */
+    CHECK_OK(sc_comm_synchronize(comms[r]));
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, rs_layers[r], x4, out2,
                             &(sc_moe_forward_desc){.accumulate = true}));
     CHECK_OK(sc_comm_synchronize(comms[r]));
