@@ -70,6 +70,14 @@ typedef enum sc_moe_w13_layout {
     SC_MOE_W13_INTERLEAVED   /* row 2i gate, row 2i + 1 up (gpt-oss) */
 } sc_moe_w13_layout;
 
+/* An expert-parallel layer's exchange of tokens (sc_moe_desc.ep_mode). */
+typedef enum sc_moe_ep_mode {
+    SC_MOE_EP_NORMAL = 0,     /* exact counts: the ranks exchange their token counts, which
+                                 the host reads (a wait), then exactly the rows needed */
+    SC_MOE_EP_LOW_LATENCY = 1 /* fixed packets of ep_max_tokens rows per rank pair: no host
+                                 wait, capturable in a CUDA graph (decode) */
+} sc_moe_ep_mode;
+
 /* A tensor-parallel layer's output (sc_moe_desc.tp_output). */
 typedef enum sc_moe_tp_output {
     SC_MOE_TP_ALL_REDUCE = 0,  /* every rank's out: the whole [T, H] output */
@@ -182,6 +190,44 @@ typedef struct sc_moe_desc {
      * opts->accumulate every rank adds its own out (its rows' residual) once. */
     sc_comm tp_comm;
     sc_moe_tp_output tp_output; /* SC_MOE_TP_ALL_REDUCE (0) or _REDUCE_SCATTER; needs tp_comm */
+    /* ---- expert parallelism (docs/MULTI_GPU.md) ----
+     * ep_comm: this rank's communicator of an expert-parallel group of N = 2 .. 32 GPUs
+     * (zero: none; not with tp_comm). Each rank holds some of the E routed experts and
+     * every rank's layer is made with the same desc but for the weights: experts is E (all
+     * of them), and
+     *   the router [E, H], selection_bias, router_bias: the full tensors (each rank routes
+     *     its own tokens over all E experts);
+     *   w13, w2, w13_bias, w2_bias, w13_scale, w2_scale: the rank's experts only, in
+     *     increasing expert id, as an ordinary layer over that many experts would take them
+     *     (w13 [E_r, 2I, H], ...);
+     *   the shared expert (shared_w13, shared_w2, shared_gate, their scales): whole, on
+     *     every rank (each computes it for its own tokens).
+     * ep_owner (optional, read at create): [E] the rank holding each expert; NULL: rank r
+     * holds experts [r E/N, (r+1) E/N) (E a multiple of N). Every rank must hold one or more.
+     * A forward on rank r takes that rank's own tokens x [T_r, H] (T_r may differ from rank
+     * to rank) and writes their output to out [T_r, H], as the one-GPU layer would: the
+     * routing, then each token sent once to every other rank that holds one of its chosen
+     * experts (with its routing over that rank's experts), those rows computed there (with
+     * the rank's own tokens, which alone get the shared expert), sent back, and summed in
+     * rank order (f32 sums of bf16 rows: a row computed elsewhere is rounded to bf16 once
+     * more than on one GPU). No data-dependent host work but what ep_mode says:
+     *   SC_MOE_EP_NORMAL: the ranks exchange their counts and the host reads them (the
+     *     forward waits for the stream there), then exchanges exactly the rows needed; not
+     *     capturable (SC_ERR_CAPTURE). For prefill.
+     *   SC_MOE_EP_LOW_LATENCY: every rank pair exchanges a packet of ep_max_tokens rows
+     *     (unused rows carry no expert), so nothing waits and a stream capture records the
+     *     whole forward; T_r <= ep_max_tokens (1 .. 65536) on every rank. For decode.
+     * Every rank must make the same forwards in the same order (each is a collective: the
+     * rules of comm.h); opts->expert_ids and expert_weights give the global routing; the
+     * caller's routing (opts->routing_ids, global ids) is sent the same way; profile and
+     * check_routing are not taken (SC_ERR_NOT_SUPPORTED). The fp8 experts' dispatch sends
+     * bf16 rows (each rank quantizes what it receives). sc_moe_route routes over all E
+     * experts and makes no collective. The layer keeps the communicator's handle, as
+     * tp_comm's rules say. */
+    sc_comm ep_comm;
+    sc_moe_ep_mode ep_mode;
+    int ep_max_tokens;       /* SC_MOE_EP_LOW_LATENCY: the most tokens a rank's forward takes */
+    const int32_t *ep_owner; /* [E] or NULL (contiguous) */
 } sc_moe_desc;
 
 /* Create a layer over weight buffers (checked for dtype and size; the layer keeps their

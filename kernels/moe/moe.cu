@@ -483,10 +483,11 @@ __device__ __forceinline__ void scan_groups(const int *counts, int E, int groups
 }
 
 // The expert and weight of slot j of token t: routed slots from ids / weights (a bad or
-// padded id gives -1), shared slots k .. k + S - 1 the shared chunks with the shared weight.
+// padded id gives -1), shared slots k .. k + S - 1 the shared chunks with the shared weight
+// (for the first shared_rows tokens: an expert-parallel layer's own tokens; -1 after them).
 __device__ __forceinline__ int slot_expert(const int *ids, const float *weights,
                                            const float *shared_w, int t, int j, int E, int k,
-                                           float *w)
+                                           int shared_rows, float *w)
 {
     if (j < k) {
         const int e = ids[(long long)t * k + j];
@@ -494,7 +495,7 @@ __device__ __forceinline__ int slot_expert(const int *ids, const float *weights,
         return e >= 0 && e < E ? e : -1;
     }
     *w = shared_w[t];
-    return E + j - k;
+    return t < shared_rows ? E + j - k : -1;
 }
 
 // ---- routing for few tokens (decode): one launch -----------------------------------------
@@ -631,7 +632,7 @@ sc_moe_route_small(const bf16_t *x, const bf16_t *wg, const bf16_t *gate, const 
     const int slots = k + p.shared, n = T * slots;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float w;
-        const int t = i / slots, ex = slot_expert(ids, weights, shared_w, t, i % slots, E, k, &w);
+        const int t = i / slots, ex = slot_expert(ids, weights, shared_w, t, i % slots, E, k, T, &w);
         if (ex < 0) { // (top-k writes experts only: a backstop)
             pos[i] = -1;
             continue;
@@ -719,7 +720,8 @@ extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *r
 
 // ---- offsets: rows and tiles per group (one block) ---------------------------------------
 //
-// Exclusive scans of the rows (counts; the shared chunks T each) and of the BM-row tiles
+// Exclusive scans of the rows (counts; the shared chunks T each: the tokens with a shared
+// expert, the first T of an expert-parallel layer's rows) and of the BM-row tiles
 // per group: the counts loaded into shared memory by the whole block at once, then scanned
 // by warp 0; the cursors of the scatter are reset.
 
@@ -739,12 +741,14 @@ extern "C" __global__ void sc_moe_offsets(const int *counts, int *row_offsets, i
 
 // ---- the permutation: expert-major rows --------------------------------------------------
 //
-// Slot i = t (k + S) + j: pos[i] = its row, or -1 for a padded (or bad) routed slot.
+// Slot i = t (k + S) + j: pos[i] = its row, or -1 for a padded (or bad) routed slot, and
+// for a shared slot of a token from shared_rows on (T but in an expert-parallel layer).
 
 extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
                                           const float *shared_w, const int *row_offsets,
                                           int *cursor, int *perm_token, float *perm_weight,
-                                          int *pos, int T, int E, int k, int shared)
+                                          int *pos, int T, int E, int k, int shared,
+                                          int shared_rows)
 {
     griddep_enter();
     const int slots = k + shared;
@@ -753,7 +757,8 @@ extern "C" __global__ void sc_moe_scatter(const int *ids, const float *weights,
         return;
     const int t = (int)(i / slots);
     float w;
-    const int e = slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, &w);
+    const int e =
+        slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, shared_rows, &w);
     if (e < 0) {
         pos[i] = -1;
         return;
@@ -771,8 +776,8 @@ extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *we
                                                  const float *shared_w, const int *row_offsets,
                                                  int *cursor, int *perm_token, float *perm_weight,
                                                  int *pos, const bf16_t *x, bf16_t *x_perm, int T,
-                                                 int E, int k, int shared, int H, int ldx,
-                                                 int xoff)
+                                                 int E, int k, int shared, int shared_rows,
+                                                 int H, int ldx, int xoff)
 {
     griddep_enter();
     const int slots = k + shared;
@@ -782,7 +787,8 @@ extern "C" __global__ void sc_moe_scatter_gather(const int *ids, const float *we
         return;
     const int t = (int)(i / slots);
     float w;
-    const int e = slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, &w);
+    const int e =
+        slot_expert(ids, weights, shared_w, t, (int)(i % slots), E, k, shared_rows, &w);
     if (e < 0) {
         if (lane == 0)
             pos[i] = -1;

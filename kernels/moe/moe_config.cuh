@@ -23,6 +23,14 @@
 #define SC_MOE_TOPK_TOKENS_PER_BLOCK 8 /* one warp per token */
 #define SC_MOE_SCATTER_WARPS 8         /* scatter + gather: one warp per (token, slot) */
 
+/* Expert parallelism (ep.cu): up to MAX_RANKS ranks (a token's ranks are a bit mask); the
+ * plan is one block of PLAN_THREADS; the packing runs one warp per (token, rank) pair,
+ * PACK_WARPS per block; the combine one block of COMBINE_THREADS per token. */
+#define SC_MOE_EP_MAX_RANKS 32
+#define SC_MOE_EP_PLAN_THREADS 1024
+#define SC_MOE_EP_PACK_WARPS 8
+#define SC_MOE_EP_COMBINE_THREADS 128
+
 /* Up to this many tokens the forward's kernels are programmatic dependent launches. */
 #define SC_MOE_PDL_MAX_T 64
 

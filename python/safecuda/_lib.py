@@ -280,7 +280,11 @@ class sc_moe_desc(Structure):
                 ("expert_dtype", c_int), ("w13_scale", sc_view), ("w2_scale", sc_view),
                 ("shared_w13_scale", sc_view), ("shared_w2_scale", sc_view),
                 # tensor parallelism: the rank's communicator (0: none), its output
-                ("tp_comm", c_uint64), ("tp_output", c_int)]
+                ("tp_comm", c_uint64), ("tp_output", c_int),
+                # expert parallelism: the rank's communicator (0: none), the exchange's mode,
+                # the low-latency packets' rows, each expert's rank (NULL: contiguous)
+                ("ep_comm", c_uint64), ("ep_mode", c_int), ("ep_max_tokens", c_int),
+                ("ep_owner", POINTER(c_int32))]
 
 
 SC_MOE_SOFTMAX, SC_MOE_SIGMOID = 0, 1
@@ -288,6 +292,7 @@ SC_MOE_BACKEND_AUTO, SC_MOE_BACKEND_MMA, SC_MOE_BACKEND_SM90 = 0, 1, 2
 SC_MOE_SILU, SC_MOE_GELU_TANH, SC_MOE_SWIGLU_CLAMP = 0, 1, 2
 SC_MOE_W13_STACKED, SC_MOE_W13_INTERLEAVED = 0, 1
 SC_MOE_TP_ALL_REDUCE, SC_MOE_TP_REDUCE_SCATTER = 0, 1
+SC_MOE_EP_NORMAL, SC_MOE_EP_LOW_LATENCY = 0, 1
 SC_MOE_MAX_EXPERTS, SC_MOE_MAX_TOPK, SC_MOE_MAX_SHARED = 512, 16, 16
 SC_MOE_MAX_STEPS = 16
 

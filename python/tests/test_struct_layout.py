@@ -43,7 +43,7 @@ SCALARS = {"char": (1, 1), "unsigned char": (1, 1), "int": (4, 4), "float": (4, 
            "bool": (1, 1), "uint64_t": (8, 8),
            "uint32_t": (4, 4), "int64_t": (8, 8), "double": (8, 8)}
 ENUMS = {"sc_dtype", "sc_moe_scoring", "sc_moe_backend", "sc_moe_activation",
-         "sc_moe_w13_layout", "sc_moe_tp_output", "sc_tensor_swizzle", "sc_tensor_oob_fill",
+         "sc_moe_w13_layout", "sc_moe_tp_output", "sc_moe_ep_mode", "sc_tensor_swizzle", "sc_tensor_oob_fill",
          "sc_tensor_l2_promotion"}
 HANDLES = {"sc_buffer", "sc_context", "sc_stream", "sc_moe", "sc_comm"}  # struct { uint64_t id; }
 
@@ -158,12 +158,15 @@ def test_size_and_offsets_match_the_header(struct, header, cls, layouts):
 def test_moe_desc_size_as_the_header_declares_it(layouts):
     # The desc: 14 v1 fields, then routing, experts, 4 weight views, 3 biases, the shared
     # expert (ending at 360), then the fp8 experts' dtype (at 360) and 4 scale views (368,
-    # 392, 416, 440), then the tensor-parallel communicator (at 464) and output (472): 480
-    # bytes on LP64 (a short Python struct would end at the v1 88, the v2 360, the fp8 464
-    # or the first TP 472, and the library would read past it).
-    assert layouts["sc_moe_desc"][0] == 480
-    assert ctypes.sizeof(_lib.sc_moe_desc) == 480
+    # 392, 416, 440), then the tensor-parallel communicator (at 464) and output (472), then
+    # the expert-parallel communicator (480), mode (488), packet rows (492) and owner map
+    # (496): 504 bytes on LP64 (a short Python struct would end at the v1 88, the v2 360,
+    # the fp8 464, the first TP 472 or the TP 480, and the library would read past it).
+    assert layouts["sc_moe_desc"][0] == 504
+    assert ctypes.sizeof(_lib.sc_moe_desc) == 504
     assert layouts["sc_moe_desc"][2]["tp_comm"] == 464
+    assert layouts["sc_moe_desc"][2]["ep_comm"] == 480
+    assert layouts["sc_moe_desc"][2]["ep_owner"] == 496
     assert layouts["sc_moe_desc"][2]["tp_output"] == 472
     offsets = layouts["sc_moe_desc"][2]
     assert [offsets[f] for f in ("expert_dtype", "w13_scale", "w2_scale", "shared_w13_scale",

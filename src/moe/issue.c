@@ -151,7 +151,8 @@ static sc_status issue_route_small(const forward *f)
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_out(ws(f, !sm90                ? SCI_MOE_W_H
+                       sc_arg_out(ws(f, f->m->cfg.route_only ? SCI_MOE_W_NO_BIAS /* (not written) */
+                                        : !sm90                 ? SCI_MOE_W_H
                                         : f->m->cfg.fp8 ? SCI_MOE_W_XQ /* (not written) */
                                                         : SCI_MOE_W_XPERM)),
                        sc_arg_inout(ws(f, SCI_MOE_W_TICKET)), sc_arg_i32(d->hidden),
@@ -184,7 +185,8 @@ static sc_status issue_scatter(const forward *f)
                            sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)),
                            sc_arg_out(ws(f, SCI_MOE_W_POS)), sc_arg_in(f->x),
                            sc_arg_out(ws(f, SCI_MOE_W_XPERM)), sc_arg_i32(T), sc_arg_i32(E),
-                           sc_arg_i32(k), sc_arg_i32(S), sc_arg_i32(m->desc.hidden),
+                           sc_arg_i32(k), sc_arg_i32(S), sc_arg_i32((int32_t)f->shared_rows),
+                           sc_arg_i32(m->desc.hidden),
                            sc_arg_i32(xperm_ld(m)), sc_arg_i32(m->kshift13))) != SC_OK)
             return s;
         return SC_OK;
@@ -195,7 +197,8 @@ static sc_status issue_scatter(const forward *f)
                        sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_TOKEN)),
                        sc_arg_out(ws(f, SCI_MOE_W_PERM_WEIGHT)), sc_arg_out(ws(f, SCI_MOE_W_POS)),
-                       sc_arg_i32(T), sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(S))) != SC_OK)
+                       sc_arg_i32(T), sc_arg_i32(E), sc_arg_i32(k), sc_arg_i32(S),
+                       sc_arg_i32((int32_t)f->shared_rows))) != SC_OK)
         return s;
     return m->cfg.fp8 ? issue_gather(f) : SC_OK;
 }
@@ -284,7 +287,7 @@ static sc_status issue_route(const forward *f, bool caller)
                        sc_arg_in(ws(f, SCI_MOE_W_COUNTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)), sc_arg_out(ws(f, SCI_MOE_W_CURSOR)),
                        sc_arg_i32(f->m->desc.experts), sc_arg_i32(f->m->cfg.groups),
-                       sc_arg_i32((int32_t)p->tokens))) != SC_OK)
+                       sc_arg_i32((int32_t)f->shared_rows))) != SC_OK)
         return s;
     return issue_scatter(f);
 }

@@ -28,6 +28,8 @@ typedef struct sci_moe_fwd {
     sc_stream stream;
     sc_view x, out, ids, weights;
     sc_view tp_out; /* reduce-scattered tensor parallel: the caller's out (out: the partial) */
+    uint64_t shared_rows; /* the tokens with the shared expert: all (T) but in an expert-
+                           * parallel layer's experts, where the first T rows are its own */
     bool accumulate;
     sci_moe_steps *st;
 } sci_moe_fwd;

@@ -40,17 +40,47 @@ typedef struct sci_moe {
     sc_tensor_map xperm_map[SCI_MOE_N_TILES], h_map[SCI_MOE_N_TILES];
     int kshift13, kshift2; /* SM90: the routed W13's and W2's K shift (elements) */
     int tp_rank, tp_nranks; /* desc.tp_comm's rank and size (0 and 1 without one) */
+    struct sci_moe_ep *ep;  /* expert parallel (desc.ep_comm, ep.c): this layer routes over
+                             * all E experts (cfg.route_only); the rest is there */
 } sci_moe;
+
+/* Make a layer (checked, its kernels loaded, its workspace allocated; not published), or
+ * free one (its workspace freed stream-ordered; the first failure's status). */
+sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, const char *fn,
+                       sci_moe **out);
+sc_status sci_moe_free(sci_moe *m, const char *fn);
+/* sc_moe_forward's and sc_moe_route's work on a layer (not an expert-parallel one: ep.c
+ * calls them on its parts), under fn's name. The first shared_rows tokens of x get the
+ * shared expert (UINT64_MAX: all). */
+sc_status sci_moe_run(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
+                      const sc_moe_forward_desc *opts, uint64_t shared_rows, const char *fn);
+sc_status sci_moe_route_run(sci_moe *m, sc_stream stream, sc_view x, sc_view ids,
+                            sc_view weights, const char *fn);
+/* The layer's capacity grown to max_tokens (sc_moe_reserve's work; the lock not held). */
+sc_status sci_moe_reserve_run(sci_moe *m, sc_stream stream, uint64_t max_tokens, const char *fn);
+/* A forward's checks of x and out ([T, H] bf16; T comes back) and of its options (the
+ * caller's routing views come back, or none), before anything is enqueued. */
+sc_status sci_moe_check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
+                           sc_view *xv, sc_view *ov, uint64_t *T);
+sc_status sci_moe_check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
+                             const char *fn, sc_view *rids, sc_view *rweights);
+/* The bytes of the layer's workspace (the lock not held). */
+uint64_t sci_moe_workspace_total(sci_moe *m);
+
+/* How a layer is made (sci_moe_make): an ordinary one (0), or an expert-parallel layer's
+ * parts (ep.c): its routing over all E experts, without experts' weights (ROUTE_ONLY), and
+ * its rank's experts, which may be fewer than top_k (EP_EXPERTS). */
+enum { SCI_MOE_MAKE_ROUTE_ONLY = 1, SCI_MOE_MAKE_EP_EXPERTS = 2 };
 
 /* Check the layer's shape and options, filling in the defaults (dtype and expert_dtype
  * bf16, routed scaling 1, gpt-oss's activation constants). */
-sc_status sci_moe_check_desc(sc_moe_desc *d, const char *fn);
+sc_status sci_moe_check_desc(sc_moe_desc *d, unsigned flags, const char *fn);
 /* Resolve the backend for the context's device (AUTO: SM90 on 9.0, MMA elsewhere), or
  * refuse the device. */
 sc_status sci_moe_resolve_backend(sc_moe_desc *d, const sci_context *c, const char *fn);
 /* The weights: each resolved to a view and checked (dtype, element count, alignment). */
-sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, const char *fn,
-                                sc_view wt[SCI_MOE_WT_COUNT]);
+sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, unsigned flags,
+                                const char *fn, sc_view wt[SCI_MOE_WT_COUNT]);
 /* What the plans depend on (with the tuning knobs from the environment). */
 sci_moe_config sci_moe_layer_config(const sc_moe_desc *d, const sci_context *c);
 /* SM90: the weights' tensor maps for the tile shapes of the layer's precision, and the

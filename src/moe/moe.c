@@ -11,6 +11,7 @@
 #include "moe/issue.h"
 #include "moe/layer.h"
 #include "moe/plan.h"
+#include "moe/ep.h"
 #include "moe/tp.h"
 #include "safecuda/moe.h"
 #include "stream/capture.h"
@@ -94,7 +95,7 @@ static sc_status grow_workspace(sci_moe *m, uint64_t tokens, sc_stream stream, c
         }
         sci_buffer_set_internal(m->ws[i]);
     }
-    if (m->cfg.backend == SC_MOE_BACKEND_SM90) {
+    if (m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.route_only) {
         const uint64_t rows = tokens * (uint64_t)m->cfg.slots;
         const uint64_t H = (uint64_t)m->cfg.hidden, I = (uint64_t)m->cfg.intermediate;
         const bool fp8 = m->cfg.fp8;
@@ -132,9 +133,58 @@ static sc_status load_kernels(sci_moe *m, const char *fn)
         if (s == SC_OK && ki->smem > 48 * 1024)
             s = sc_kernel_set_max_dynamic_shared(m->kernels[i], ki->smem);
     }
-    if (s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90)
+    if (s == SC_OK && m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.route_only)
         s = sci_moe_encode_weight_maps(m);
     return s;
+}
+
+sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, const char *fn,
+                       sci_moe **out)
+{
+    *out = NULL;
+    sc_moe_desc d = *desc;
+    sc_status s = sci_moe_check_desc(&d, flags, fn);
+    if (s == SC_OK)
+        s = sci_moe_resolve_backend(&d, c, fn);
+    int tp_rank = 0, tp_nranks = 1;
+    if (s == SC_OK)
+        s = sci_moe_tp_check(&d, c, fn, &tp_rank, &tp_nranks);
+    sc_view wt[SCI_MOE_WT_COUNT];
+    if (s == SC_OK)
+        s = sci_moe_check_weights(&d, c, flags, fn, wt);
+    if (s == SC_OK && tp_rank != 0) /* tensor parallel: the expert output bias on rank 0 only */
+        wt[SCI_MOE_WT_W2_BIAS] = (sc_view){{0}, 0, 0};
+    sci_moe *m = NULL;
+    if (s == SC_OK && !(m = calloc(1, sizeof *m)))
+        s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
+    if (s != SC_OK)
+        return s;
+    m->ctx = c;
+    m->desc = d;
+    m->desc.label = NULL;
+    memcpy(m->wt, wt, sizeof wt);
+    m->tp_rank = tp_rank;
+    m->tp_nranks = tp_nranks;
+    m->cfg = sci_moe_layer_config(&d, c);
+    m->cfg.route_only = flags & SCI_MOE_MAKE_ROUTE_ONLY;
+    pthread_mutex_init(&m->lock, NULL);
+    s = load_kernels(m, fn);
+    if (s == SC_OK &&
+        (s = sc_buffer_create_at((sc_context){c->obj.id},
+                                 &(sc_buffer_desc){.dtype = SC_U32, .count = 4,
+                                                   .label = "moe routing faults", .zero = true},
+                                 &m->fault, __FILE__, __LINE__)) == SC_OK)
+        sci_buffer_set_internal(m->fault);
+    if (s == SC_OK)
+        s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
+    if (s != SC_OK) {
+        char *message = sci_error_save();
+        sci_moe_free(m, fn);
+        sci_error_restore(message);
+        return s;
+    }
+    *out = m;
+    return SC_OK;
 }
 
 sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *layer,
@@ -145,68 +195,33 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     layer->id = 0;
     SCI_CHECK_PTR(fn, desc);
     sc_moe_desc d = *desc;
-    sc_status s = sci_moe_check_desc(&d, fn);
+    sc_status s = sci_moe_check_desc(&d, 0, fn);
     if (s != SC_OK)
         return s;
     sci_context *c = NULL;
     if ((s = sci_context_acquire(ctx, fn, &c)) != SC_OK)
         return s;
-    s = sci_moe_resolve_backend(&d, c, fn);
-    int tp_rank = 0, tp_nranks = 1;
-    if (s == SC_OK)
-        s = sci_moe_tp_check(&d, c, fn, &tp_rank, &tp_nranks);
-    sc_view wt[SCI_MOE_WT_COUNT];
-    if (s == SC_OK)
-        s = sci_moe_check_weights(&d, c, fn, wt);
-    if (s == SC_OK && tp_rank != 0) /* tensor parallel: the expert output bias on rank 0 only */
-        wt[SCI_MOE_WT_W2_BIAS] = (sc_view){{0}, 0, 0};
     sci_moe *m = NULL;
-    if (s == SC_OK && !(m = calloc(1, sizeof *m)))
-        s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
-    if (s != SC_OK) {
-        sci_context_release(c);
-        return s;
-    }
-    m->ctx = c;
-    m->desc = d;
-    m->desc.label = NULL;
-    memcpy(m->wt, wt, sizeof wt);
-    m->tp_rank = tp_rank;
-    m->tp_nranks = tp_nranks;
-    m->cfg = sci_moe_layer_config(&d, c);
-    pthread_mutex_init(&m->lock, NULL);
-    s = load_kernels(m, fn);
+    s = d.ep_comm.id ? sci_moe_ep_make(c, &d, fn, &m) : sci_moe_make(c, &d, 0, fn, &m);
     if (s == SC_OK &&
-        (s = sc_buffer_create_at(ctx, &(sc_buffer_desc){.dtype = SC_U32, .count = 4,
-                                                        .label = "moe routing faults",
-                                                        .zero = true},
-                                 &m->fault, __FILE__, __LINE__)) == SC_OK)
-        sci_buffer_set_internal(m->fault);
-    if (s == SC_OK)
-        s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
-    if (s == SC_OK)
-        s = sci_registry_insert(&m->obj, SCI_KIND_MOE, c->obj.id, d.label, file, line, fn);
-    if (s != SC_OK) {
-        free_workspace_quietly(m, fn);
-        if (m->fault.id) {
-            char *message = sci_error_save();
-            sci_buffer_destroy(m->fault.id, fn);
-            sci_error_restore(message);
-        }
-        pthread_mutex_destroy(&m->lock);
-        free(m);
-    } else {
-        layer->id = m->obj.id;
+        (s = sci_registry_insert(&m->obj, SCI_KIND_MOE, c->obj.id, d.label, file, line, fn)) !=
+            SC_OK) {
+        char *message = sci_error_save();
+        sci_moe_free(m, fn);
+        sci_error_restore(message);
     }
+    if (s == SC_OK)
+        layer->id = m->obj.id;
     sci_context_release(c);
     return s;
 }
 
-/* The layer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
-static sc_status moe_destroy(sci_object *obj, const char *fn)
+sc_status sci_moe_free(sci_moe *m, const char *fn)
 {
-    sci_moe *m = (sci_moe *)obj;
-    sc_status s = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
+    sc_status s = m->ep ? sci_moe_ep_free(m, fn) : SC_OK;
+    sc_status w = free_workspace(m, fn); /* stream-ordered frees, after the forwards that use them */
+    if (s == SC_OK)
+        s = w;
     if (m->fault.id) {
         sc_status f = sci_buffer_destroy(m->fault.id, fn);
         if (s == SC_OK)
@@ -217,9 +232,28 @@ static sc_status moe_destroy(sci_object *obj, const char *fn)
     return s;
 }
 
+/* The layer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
+static sc_status moe_destroy(sci_object *obj, const char *fn)
+{
+    return sci_moe_free((sci_moe *)obj, fn);
+}
+
 sc_status sc_moe_destroy(sc_moe layer)
 {
     return sci_object_destroy(SCI_KIND_MOE, layer.id, NULL, "sc_moe_destroy");
+}
+
+uint64_t sci_moe_workspace_total(sci_moe *m)
+{
+    pthread_mutex_lock(&m->lock);
+    uint64_t total = 0;
+    for (int i = 0; i < SCI_MOE_W_COUNT; i++) {
+        sc_buffer_props p;
+        if (m->ws[i].id && sc_buffer_info(m->ws[i], &p) == SC_OK)
+            total += p.bytes;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return total + (m->ep ? sci_moe_ep_workspace_bytes(m) : 0);
 }
 
 sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
@@ -230,16 +264,7 @@ sc_status sc_moe_workspace_bytes(sc_moe layer, uint64_t *bytes)
     sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
     if (s != SC_OK)
         return s;
-    sci_moe *m = (sci_moe *)obj;
-    pthread_mutex_lock(&m->lock);
-    uint64_t total = 0;
-    for (int i = 0; i < SCI_MOE_W_COUNT; i++) {
-        sc_buffer_props p;
-        if (m->ws[i].id && sc_buffer_info(m->ws[i], &p) == SC_OK)
-            total += p.bytes;
-    }
-    pthread_mutex_unlock(&m->lock);
-    *bytes = total;
+    *bytes = sci_moe_workspace_total((sci_moe *)obj);
     sci_registry_release(obj);
     return SC_OK;
 }
@@ -278,8 +303,8 @@ static sc_status check_x(const sci_moe *m, sc_view x, const char *fn, sc_view *x
 
 /* Check x and out: as check_x, and out bf16 of x's shape, writable, 16-byte aligned, not
  * overlapping x. */
-static sc_status check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
-                          sc_view *xv, sc_view *ov, uint64_t *T)
+sc_status sci_moe_check_io(const sci_moe *m, sc_view x, sc_view out, const char *fn,
+                           sc_view *xv, sc_view *ov, uint64_t *T)
 {
     sc_buffer_props op;
     sc_status s;
@@ -357,8 +382,8 @@ static sc_status check_tk(const sci_moe *m, sc_view in, const char *name, sc_dty
 
 /* Check the optional views of a forward before anything is enqueued: the outputs
  * expert_ids (i32) and expert_weights (f32), and the caller's routing (given together). */
-static sc_status check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
-                            const char *fn, sc_view *rids, sc_view *rweights)
+sc_status sci_moe_check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, uint64_t T,
+                             const char *fn, sc_view *rids, sc_view *rweights)
 {
     *rids = *rweights = (sc_view){{0}, 0, 0};
     if (!opts)
@@ -434,14 +459,9 @@ static sc_status refuse_in_capture(const sci_moe *m, sc_stream stream, uint64_t 
     return s;
 }
 
-sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
+sc_status sci_moe_reserve_run(sci_moe *m, sc_stream stream, uint64_t max_tokens, const char *fn)
 {
-    static const char fn[] = "sc_moe_reserve";
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
-    if (s != SC_OK)
-        return s;
-    sci_moe *m = (sci_moe *)obj;
+    sc_status s = SC_OK;
     if (max_tokens == 0 || !sci_moe_tokens_fit(&m->cfg, max_tokens)) {
         s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                      "max_tokens = %llu: a forward takes 1 .. the largest T it can index",
@@ -455,6 +475,20 @@ sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
         }
         pthread_mutex_unlock(&m->lock);
     }
+    return s;
+}
+
+sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
+{
+    static const char fn[] = "sc_moe_reserve";
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    sci_moe *m = (sci_moe *)obj;
+    s = sci_moe_reserve_run(m, stream, max_tokens, fn);
+    if (s == SC_OK && m->ep)
+        s = sci_moe_ep_reserve(m, stream, max_tokens, fn);
     sci_registry_release(obj);
     return s;
 }
@@ -549,15 +583,10 @@ static sc_status begin(sci_moe *m, sc_stream stream, uint64_t T, bool waits, boo
     return s;
 }
 
-sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
-                         const sc_moe_forward_desc *opts)
+sc_status sci_moe_run(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
+                      const sc_moe_forward_desc *opts, uint64_t shared_rows, const char *fn)
 {
-    static const char fn[] = "sc_moe_forward";
-    sci_object *obj = NULL;
-    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
-    if (s != SC_OK)
-        return s;
-    sci_moe *m = (sci_moe *)obj;
+    sc_status s;
     sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     sci_moe_plan plan;
     /* Tensor parallel: the residual is added on rank 0 only (the others write their partial
@@ -572,9 +601,10 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
     const bool waits = opts && (opts->profile || opts->check_routing);
     /* x, out and the options are checked before anything is enqueued (x's T first). */
     if ((s = sci_moe_tp_ready(&m->desc, fn)) == SC_OK &&
-        (s = check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
-        (s = check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
+        (s = sci_moe_check_io(m, x, out, fn, &f.x, &f.out, &T)) == SC_OK &&
+        (s = sci_moe_check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
         (s = begin(m, stream, T, waits, caller, fn, &plan)) == SC_OK) {
+        f.shared_rows = shared_rows < T ? shared_rows : T;
         if (m->cfg.tp_scatter) { /* the partial [T, H] in the workspace, then out */
             f.tp_out = f.out;
             f.out = sc_view_of(m->ws[SCI_MOE_W_TP_PART]);
@@ -600,18 +630,28 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
-    sci_registry_release(obj);
     return s;
 }
 
-sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids, sc_view weights)
+sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
+                         const sc_moe_forward_desc *opts)
 {
-    static const char fn[] = "sc_moe_route";
+    static const char fn[] = "sc_moe_forward";
     sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
     if (s != SC_OK)
         return s;
     sci_moe *m = (sci_moe *)obj;
+    s = m->ep ? sci_moe_ep_forward(m, stream, x, out, opts, fn)
+              : sci_moe_run(m, stream, x, out, opts, UINT64_MAX, fn);
+    sci_registry_release(obj);
+    return s;
+}
+
+sc_status sci_moe_route_run(sci_moe *m, sc_stream stream, sc_view x, sc_view ids,
+                            sc_view weights, const char *fn)
+{
+    sc_status s;
     sci_moe_steps st = {NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     sci_moe_plan plan;
     sci_moe_fwd f = {.m = m, .p = &plan, .stream = stream, .st = &st};
@@ -632,6 +672,17 @@ sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids, s
         name_stale_weight(m);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
+    return s;
+}
+
+sc_status sc_moe_route(sc_stream stream, sc_moe layer, sc_view x, sc_view ids, sc_view weights)
+{
+    static const char fn[] = "sc_moe_route";
+    sci_object *obj = NULL;
+    sc_status s = sci_registry_acquire(SCI_KIND_MOE, layer.id, fn, &obj);
+    if (s != SC_OK)
+        return s;
+    s = sci_moe_route_run((sci_moe *)obj, stream, x, ids, weights, fn);
     sci_registry_release(obj);
     return s;
 }

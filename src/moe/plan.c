@@ -130,6 +130,9 @@ void sci_moe_workspace_counts(const sci_moe_config *c, uint64_t tokens,
     count[SCI_MOE_W_HQ] = c->fp8 ? rows * (I + pad) : 0;
     count[SCI_MOE_W_HS] = c->fp8 ? rows * (I / SC_MOE_FP8_BLOCK) : 0;
     count[SCI_MOE_W_TP_PART] = c->tp_scatter ? tokens * H : 0;
+    if (c->route_only) /* routing alone: nothing for the GEMMs */
+        count[SCI_MOE_W_H] = count[SCI_MOE_W_Y] = count[SCI_MOE_W_XPERM] = count[SCI_MOE_W_XQ] =
+            count[SCI_MOE_W_XS] = count[SCI_MOE_W_HQ] = count[SCI_MOE_W_HS] = 0;
 }
 
 uint64_t sci_moe_workspace_bytes_for(const sci_moe_config *c, uint64_t tokens)
@@ -203,11 +206,11 @@ static void plan_routing(const sci_moe_config *c, bool caller, sci_moe_plan *p)
                1, 1, 32 * SC_MOE_GATHER_FP8_WARPS, 0, pdl);
     if (T <= SC_MOE_ROUTE_SMALL_MAX_T && !caller) {
         p->route_small = true;
-        p->route_gathers = sm90 && !c->fp8 &&
+        p->route_gathers = sm90 && !c->fp8 && !c->route_only &&
                            rows * (uint64_t)c->hidden * 2 <= SC_MOE_ROUTE_GATHER_MAX_BYTES;
         p->route = launch(ceil_div((uint64_t)c->logit_cols, SC_MOE_ROUTE_EXPERTS), 1, 1,
                           SC_MOE_ROUTE_THREADS, 0, pdl);
-        if (sm90 && !p->route_gathers)
+        if (sm90 && !p->route_gathers && !c->route_only)
             p->gather = c->fp8 ? gather_fp8 : warp_per_row;
         return;
     }

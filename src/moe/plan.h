@@ -96,6 +96,8 @@ typedef struct sci_moe_config {
     bool pdl;               /* programmatic dependent launches (SAFECUDA_MOE_PDL=0: off) */
     bool tp_scatter;        /* tensor parallel, reduce-scattered: the partial output in the
                                workspace (SCI_MOE_W_TP_PART) */
+    bool route_only;        /* an expert-parallel layer's routing over all E experts (ep.c):
+                               no experts' weights, GEMMs or their workspace */
 } sci_moe_config;
 
 /* SM90: the elements by which the GEMMs' A rows (x in expert order, h) exceed H or I, 128

@@ -8,18 +8,17 @@
 #include "comm/comm.h"
 #include "moe/tp.h"
 
-/* The communicator, acquired (a registry reference), alive, or a status naming the field. */
-static sc_status acquire_tp(sc_comm h, const char *fn, sci_comm **out)
+sc_status sci_moe_comm_acquire(sc_comm h, const char *field, const char *fn, sci_comm **out)
 {
     sci_object *obj = NULL;
     sc_status s = sci_registry_acquire(SCI_KIND_COMM, h.id, fn, &obj);
     if (s != SC_OK) {
-        sci_error_append(" (the layer's desc->tp_comm)");
+        sci_error_append(" (the layer's desc->%s)", field);
         return s;
     }
     sci_comm *c = (sci_comm *)obj;
     if ((s = sci_comm_check_alive(c, fn)) != SC_OK) {
-        sci_error_append(" (the layer's desc->tp_comm)");
+        sci_error_append(" (the layer's desc->%s)", field);
         sci_registry_release(obj);
         return s;
     }
@@ -35,7 +34,7 @@ sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const c
     if (!d->tp_comm.id)
         return SC_OK;
     sci_comm *c = NULL;
-    sc_status s = acquire_tp(d->tp_comm, fn, &c);
+    sc_status s = sci_moe_comm_acquire(d->tp_comm, "tp_comm", fn, &c);
     if (s != SC_OK)
         return s;
     char what[256];
@@ -63,7 +62,7 @@ sc_status sci_moe_tp_ready(const sc_moe_desc *d, const char *fn)
     if (!d->tp_comm.id)
         return SC_OK;
     sci_comm *c = NULL;
-    sc_status s = acquire_tp(d->tp_comm, fn, &c);
+    sc_status s = sci_moe_comm_acquire(d->tp_comm, "tp_comm", fn, &c);
     if (s == SC_OK)
         sci_registry_release(&c->obj);
     return s;

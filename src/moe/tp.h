@@ -3,9 +3,13 @@
 #ifndef SAFECUDA_MOE_TP_H
 #define SAFECUDA_MOE_TP_H
 
+#include "comm/comm.h"
 #include "core/context.h"
 #include "safecuda/moe.h"
 
+/* The communicator of the layer's desc->`field`, acquired (a registry reference) and alive,
+ * or a status whose message names the field. */
+sc_status sci_moe_comm_acquire(sc_comm h, const char *field, const char *fn, sci_comm **out);
 /* At create: tp_comm alive, of ctx, of 2 or more ranks; its rank and size come back (0 and 1
  * without one). */
 sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const char *fn,

@@ -60,7 +60,7 @@ static sc_status check_weight(sc_buffer b, sc_view v, const char *what, const ch
 
 /* Check the layer's shape and options (defaults filled in: dtype bf16, routed scaling 1,
  * gpt-oss's activation constants). */
-sc_status sci_moe_check_desc(sc_moe_desc *d, const char *fn)
+sc_status sci_moe_check_desc(sc_moe_desc *d, unsigned flags, const char *fn)
 {
     if (d->dtype == SC_DTYPE_INVALID)
         d->dtype = SC_BF16;
@@ -84,7 +84,7 @@ sc_status sci_moe_check_desc(sc_moe_desc *d, const char *fn)
     if (E < 1 || E > SC_MOE_MAX_EXPERTS)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->experts = %d (1 .. %d)", E,
                         SC_MOE_MAX_EXPERTS);
-    if (k < 1 || k > E || k > SC_MOE_MAX_TOPK)
+    if (k < 1 || (k > E && !(flags & SCI_MOE_MAKE_EP_EXPERTS)) || k > SC_MOE_MAX_TOPK)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn, "desc->top_k = %d: it must be 1 .. min(experts "
                         "= %d, %d)", k, E, SC_MOE_MAX_TOPK);
     if (H <= 0 || H % SC_MOE_ALIGN)
@@ -188,14 +188,15 @@ sc_status sci_moe_resolve_backend(sc_moe_desc *d, const sci_context *c, const ch
 }
 
 /* The weights: each resolved to a view and checked (dtype, element count, alignment). */
-sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, const char *fn,
-                               sc_view wt[SCI_MOE_WT_COUNT])
+sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, unsigned flags,
+                                const char *fn, sc_view wt[SCI_MOE_WT_COUNT])
 {
     const uint64_t E = (uint64_t)d->experts, H = (uint64_t)d->hidden;
     const uint64_t I = (uint64_t)d->intermediate, Is = (uint64_t)d->shared_intermediate;
     const sc_view none = {{0}, 0, 0};
     const sc_dtype xd = d->expert_dtype; /* the experts' weights */
     const bool fp8 = xd == SC_F8E4M3;
+    const bool route_only = flags & SCI_MOE_MAKE_ROUTE_ONLY;
     const uint64_t B = SC_MOE_FP8_BLOCK, Hb = H / B, Ib = I / B, Isb = Is / B;
     const sc_buffer nob = {0};
     const struct {
@@ -208,8 +209,9 @@ sc_status sci_moe_check_weights(const sc_moe_desc *d, sci_context *c, const char
     } w[SCI_MOE_WT_COUNT] = {
         [SCI_MOE_WT_ROUTER] = {d->router, d->router_view, "router", "router_view", true, SC_BF16,
                                E * H},
-        [SCI_MOE_WT_W13] = {d->w13, d->w13_view, "w13", "w13_view", true, xd, E * 2 * I * H},
-        [SCI_MOE_WT_W2] = {d->w2, d->w2_view, "w2", "w2_view", true, xd, E * H * I},
+        [SCI_MOE_WT_W13] = {d->w13, d->w13_view, "w13", "w13_view", !route_only, xd,
+                            E * 2 * I * H},
+        [SCI_MOE_WT_W2] = {d->w2, d->w2_view, "w2", "w2_view", !route_only, xd, E * H * I},
         [SCI_MOE_WT_SEL_BIAS] = {d->selection_bias, d->selection_bias_view, "selection_bias",
                                  "selection_bias_view", false, SC_F32, E},
         [SCI_MOE_WT_ROUTER_BIAS] = {nob, d->router_bias, "router_bias", NULL, false, SC_F32, E},

@@ -1,0 +1,316 @@
+/* The expert-parallel MoE layer (sc_moe_desc.ep_comm) on two test devices with the NCCL test
+ * double: create's checks (the communicator, the mode, the expert map, the rank's weights),
+ * a forward's refusals (before anything is enqueued), and forwards on both ranks, one
+ * thread per rank, in both modes: normal (the counts exchanged and read on the host), low
+ * latency eager and captured in a graph replayed twice, the caller's routing, different T
+ * on each rank. No kernel runs on the test device, so nothing here says anything about
+ * the layer's results (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on
+ * GPUs): these check the plumbing: every launch passes its checks, every exchange is one
+ * the double accepts (the ranks' counts agree), nothing is misused, nothing leaks. */
+#define _GNU_SOURCE
+
+#include "../bf16.h"
+#include "comm_td.h"
+#include "safecuda/moe.h"
+
+enum { E = 16, K = 4, H = 128, I = 64, IS = 64, N = 2, TMAX = 8 };
+
+typedef struct rank_layer {
+    sc_buffer w[8]; /* router, w13, w2, shared w13, shared w2, shared gate, x, out */
+    sc_moe layer;
+} rank_layer;
+
+/* Rank r's layer over `local` experts (the shared expert and its gate whole). */
+static sc_moe_desc rank_desc(sc_context ctx, rank_layer *r, sc_comm comm, int local)
+{
+    const uint64_t counts[8] = {E * H, (uint64_t)local * 2 * I * H, (uint64_t)local * H * I,
+                                2 * IS * H, H * IS, H, TMAX * H, TMAX * H};
+    static const char *const labels[8] = {"router", "w13", "w2", "shared w13",
+                                          "shared w2", "shared gate", "x", "out"};
+    for (int i = 0; i < 8; i++)
+        r->w[i] = buf(ctx, SC_BF16, counts[i], labels[i]);
+    return (sc_moe_desc){.experts = E, .top_k = K, .hidden = H, .intermediate = I,
+                         .renormalize = true, .router = r->w[0], .w13 = r->w[1], .w2 = r->w[2],
+                         .shared_intermediate = IS, .shared_w13 = sc_view_of(r->w[3]),
+                         .shared_w2 = sc_view_of(r->w[4]), .shared_gate = sc_view_of(r->w[5]),
+                         .ep_comm = comm, .label = "ep moe"};
+}
+
+static void free_rank(rank_layer *r)
+{
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(sc_buffer_destroy(r->w[i]));
+}
+
+/* ---- create's refusals -------------------------------------------------------------------- */
+
+static void test_create_refusals(void)
+{
+    char cd[256];
+    rank_layer r0;
+    sc_moe_desc d = rank_desc(ctxs[0], &r0, comms[0], E / N);
+    /* both kinds of parallelism */
+    d.tp_comm = comms[0];
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->tp_comm and desc->ep_comm are both given: a layer is "
+                  "tensor- or expert-parallel, not both");
+    d.tp_comm = (sc_comm){0};
+    /* the mode and its packets */
+    d.ep_mode = (sc_moe_ep_mode)2;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_mode = 2: SC_MOE_EP_NORMAL (0) or "
+                  "SC_MOE_EP_LOW_LATENCY (1)");
+    d.ep_mode = SC_MOE_EP_LOW_LATENCY;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_max_tokens = 0: a low-latency expert-parallel layer "
+                  "takes 1 .. 65536 (the most tokens a rank's forward takes)");
+    d.ep_mode = SC_MOE_EP_NORMAL;
+    d.ep_max_tokens = 5;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_max_tokens = 5 is for SC_MOE_EP_LOW_LATENCY (the "
+                  "normal mode sends exact counts: leave it 0)");
+    d.ep_max_tokens = 0;
+    /* the expert map */
+    int32_t owner[E];
+    for (int e = 0; e < E; e++)
+        owner[e] = e % N;
+    owner[3] = 2;
+    d.ep_owner = owner;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_owner[3] = 2: each expert's rank is 0 .. 1 "
+                  "(desc->ep_comm's ranks)");
+    for (int e = 0; e < E; e++)
+        owner[e] = 0;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_owner gives rank 1 no expert: every rank of "
+                  "desc->ep_comm holds one or more");
+    d.ep_owner = NULL;
+    /* the communicator: another device's, a rank of one, destroyed */
+    d.ep_comm = comms[1];
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_WRONG_CONTEXT,
+                  "sc_moe_create: desc->ep_comm (%s) belongs to another context than the layer "
+                  "(device 0): a rank's layer is made on its communicator's context",
+                  cdesc(1, N, cd, sizeof cd));
+    sc_comm one;
+    const int one_line = __LINE__ + 1;
+    REQUIRE(sc_comm_create_all(ctxs, 1, &(sc_comm_all_desc){.label = "alone"}, &one) == SC_OK);
+    d.ep_comm = one;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->ep_comm (communicator 'alone' (rank 0 of 1 on device 0, "
+                  "created at test_td_moe_ep.c:%d)) has 1 rank: an expert-parallel layer takes "
+                  "2 .. 32 (leave ep_comm zero for a layer on one GPU)",
+                  one_line);
+    CHECK_OK(sc_comm_destroy(one));
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_STALE_HANDLE,
+                  "sc_moe_create: stale communicator handle: the communicator created at "
+                  "test_td_moe_ep.c:%d was destroyed (the layer's desc->ep_comm)",
+                  one_line);
+    d.ep_comm = comms[0];
+    /* the rank's weights: all E experts' instead of its E / N */
+    rank_layer full;
+    sc_moe_desc df = rank_desc(ctxs[0], &full, comms[0], E);
+    sc_clear_error();
+    CHECK_STATUS(sc_moe_create(ctxs[0], &df, &full.layer), SC_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("sc_moe_create: ");
+    CHECK_MSG("w13");
+    CHECK_MSG(" (an expert-parallel layer's w13, w2, their biases and scales hold its rank's "
+              "experts: rank 0 of 2 holds 8 of the 16)");
+    free_rank(&full);
+    CHECK(r0.layer.id == 0);
+    /* made: contiguous halves, then a map giving rank 0 three experts (fewer than top_k) */
+    REQUIRE(sc_moe_create(ctxs[0], &d, &r0.layer) == SC_OK);
+    uint64_t bytes = 0;
+    CHECK_OK(sc_moe_workspace_bytes(r0.layer, &bytes));
+    CHECK(bytes > 0);
+    CHECK_OK(sc_moe_destroy(r0.layer));
+    free_rank(&r0);
+    rank_layer r3;
+    sc_moe_desc d3 = rank_desc(ctxs[0], &r3, comms[0], 3);
+    for (int e = 0; e < E; e++)
+        owner[e] = e < 3 ? 0 : 1;
+    d3.ep_owner = owner;
+    CHECK_OK(sc_moe_create(ctxs[0], &d3, &r3.layer));
+    owner[0] = 1; /* read at create only */
+    CHECK_OK(sc_moe_destroy(r3.layer));
+    free_rank(&r3);
+}
+
+/* ---- a forward's refusals (one rank; nothing is enqueued, so no collective is made) ---- */
+
+static void test_forward_refusals(void)
+{
+    rank_layer r0;
+    sc_moe_desc d = rank_desc(ctxs[0], &r0, comms[0], E / N);
+    d.ep_mode = SC_MOE_EP_LOW_LATENCY;
+    d.ep_max_tokens = 4;
+    REQUIRE(sc_moe_create(ctxs[0], &d, &r0.layer) == SC_OK);
+    sc_view x5, out5;
+    REQUIRE(sc_buffer_view(r0.w[6], 0, 5 * H, &x5) == SC_OK);
+    REQUIRE(sc_buffer_view(r0.w[7], 0, 5 * H, &out5) == SC_OK);
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x5, out5, NULL),
+                  SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_forward: x holds T = 5 tokens: this low-latency expert-parallel layer "
+                  "takes up to desc->ep_max_tokens = 4 per forward");
+    CHECK_REFUSED(sc_moe_reserve(SC_DEFAULT_STREAM, r0.layer, 5), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_reserve: max_tokens = 5: a low-latency expert-parallel layer takes up "
+                  "to desc->ep_max_tokens = 4 tokens per forward");
+    sc_moe_profile prof;
+    sc_view x4, out4;
+    REQUIRE(sc_buffer_view(r0.w[6], 0, 4 * H, &x4) == SC_OK);
+    REQUIRE(sc_buffer_view(r0.w[7], 0, 4 * H, &out4) == SC_OK);
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, out4,
+                                 &(sc_moe_forward_desc){.profile = &prof}),
+                  SC_ERR_NOT_SUPPORTED,
+                  "sc_moe_forward: opts->profile: an expert-parallel layer's forward takes "
+                  "neither a profile nor a routing check");
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, out4,
+                                 &(sc_moe_forward_desc){.check_routing = true}),
+                  SC_ERR_NOT_SUPPORTED,
+                  "sc_moe_forward: opts->check_routing: an expert-parallel layer's forward takes "
+                  "neither a profile nor a routing check");
+    /* the routing alone: over all E experts, no collective */
+    sc_buffer ids = buf(ctxs[0], SC_I32, 4 * K, "ids"), wts = buf(ctxs[0], SC_F32, 4 * K, "w");
+    CHECK_OK(sc_moe_route(SC_DEFAULT_STREAM, r0.layer, x4, sc_view_of(ids), sc_view_of(wts)));
+    CHECK_OK(sc_buffer_destroy(ids));
+    CHECK_OK(sc_buffer_destroy(wts));
+    CHECK_OK(sc_moe_destroy(r0.layer));
+    /* normal mode: not in a capture */
+    d.ep_mode = SC_MOE_EP_NORMAL;
+    d.ep_max_tokens = 0;
+    REQUIRE(sc_moe_create(ctxs[0], &d, &r0.layer) == SC_OK);
+    sc_stream s;
+    sc_graph g;
+    REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
+    REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
+    sc_clear_error();
+    CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4, NULL), SC_ERR_CAPTURE);
+    CHECK_MSG("a normal-mode expert-parallel forward, which reads the ranks' token counts on "
+              "the host (SC_MOE_EP_LOW_LATENCY is captured whole),");
+    CHECK_OK(sc_stream_end_capture(s, &g));
+    CHECK_OK(sc_graph_destroy(g));
+    CHECK_OK(sc_stream_destroy(s));
+    CHECK_OK(sc_moe_destroy(r0.layer));
+    free_rank(&r0);
+}
+
+/* ---- forwards on both ranks, one thread per rank ------------------------------------------- */
+
+static rank_layer normal[N], ll[N];
+static const int rank_T[N] = {5, 3};
+
+static void *rank_forwards(void *arg)
+{
+    const int r = (int)(intptr_t)arg;
+    const uint64_t T = (uint64_t)rank_T[r];
+    sc_view x, out;
+    REQUIRE(sc_buffer_view(normal[r].w[6], 0, T * H, &x) == SC_OK);
+    REQUIRE(sc_buffer_view(normal[r].w[7], 0, T * H, &out) == SC_OK);
+    /* Each forward is waited for before the next: the test device runs work enqueued
+     * behind an unfinished exchange at once (testdevice/hold.c), which a GPU would not. */
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out, NULL));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out,
+                            &(sc_moe_forward_desc){.accumulate = true}));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    /* the caller's routing (global ids, one slot padded), and the routing's copies */
+    sc_buffer ids = buf(ctxs[r], SC_I32, T * K, "ids"), wts = buf(ctxs[r], SC_F32, T * K, "w");
+    int32_t h_ids[TMAX * K];
+    float h_w[TMAX * K];
+    for (uint64_t i = 0; i < T * K; i++) {
+        h_ids[i] = i % 7 == 3 ? -1 : (int32_t)((i * 5 + (uint64_t)r) % E);
+        h_w[i] = 0.25f;
+    }
+    upload(ids, h_ids, T * K * sizeof h_ids[0]);
+    upload(wts, h_w, T * K * sizeof h_w[0]);
+    sc_buffer got_ids = buf(ctxs[r], SC_I32, T * K, "got ids");
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out,
+                            &(sc_moe_forward_desc){.routing_ids = sc_view_of(ids),
+                                                   .routing_weights = sc_view_of(wts),
+                                                   .expert_ids = sc_view_of(got_ids)}));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    int32_t back[TMAX * K];
+    download(got_ids, back, T * K * sizeof back[0]);
+    CHECK(memcmp(back, h_ids, T * K * sizeof back[0]) == 0);
+    CHECK_OK(sc_buffer_destroy(got_ids));
+    CHECK_OK(sc_buffer_destroy(ids));
+    CHECK_OK(sc_buffer_destroy(wts));
+    /* low latency: eager, then captured and replayed twice */
+    REQUIRE(sc_buffer_view(ll[r].w[6], 0, T * H, &x) == SC_OK);
+    REQUIRE(sc_buffer_view(ll[r].w[7], 0, T * H, &out) == SC_OK);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, ll[r].layer, x, out, NULL));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    sc_stream s;
+    sc_graph g;
+    sc_graph_exec ex;
+    REQUIRE(sc_stream_create(ctxs[r], NULL, &s) == SC_OK);
+    CHECK_OK(sc_stream_begin_capture(s, &(sc_capture_desc){.mode = SC_CAPTURE_THREAD_LOCAL}));
+    CHECK_OK(sc_moe_forward(s, ll[r].layer, x, out, &(sc_moe_forward_desc){.accumulate = true}));
+    REQUIRE(sc_stream_end_capture(s, &g) == SC_OK);
+    REQUIRE(sc_graph_instantiate(g, &ex) == SC_OK);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(sc_graph_launch(s, ex));
+        CHECK_OK(sc_stream_synchronize(s));
+    }
+    CHECK_OK(sc_graph_exec_destroy(ex));
+    CHECK_OK(sc_graph_destroy(g));
+    CHECK_OK(sc_stream_destroy(s));
+    CHECK_OK(sc_comm_synchronize(comms[r]));
+    return NULL;
+}
+
+static void test_forwards(void)
+{
+    for (int r = 0; r < N; r++) {
+        sc_moe_desc d = rank_desc(ctxs[r], &normal[r], comms[r], E / N);
+        REQUIRE(sc_moe_create(ctxs[r], &d, &normal[r].layer) == SC_OK);
+        d = rank_desc(ctxs[r], &ll[r], comms[r], E / N);
+        d.ep_mode = SC_MOE_EP_LOW_LATENCY;
+        d.ep_max_tokens = TMAX;
+        REQUIRE(sc_moe_create(ctxs[r], &d, &ll[r].layer) == SC_OK);
+    }
+    pthread_t th[N];
+    for (int r = 0; r < N; r++)
+        REQUIRE(pthread_create(&th[r], NULL, rank_forwards, (void *)(intptr_t)r) == 0);
+    for (int r = 0; r < N; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < N; r++) {
+        CHECK_OK(sc_moe_destroy(normal[r].layer));
+        CHECK_OK(sc_moe_destroy(ll[r].layer));
+        free_rank(&normal[r]);
+        free_rank(&ll[r]);
+    }
+}
+
+int main(void)
+{
+    comm_td_attach();
+    open_contexts(N);
+    world(N, 0);
+    /* The kernels are compiled with NVRTC: without it, nothing here can run. */
+    {
+        rank_layer r0;
+        sc_moe_desc d = rank_desc(ctxs[0], &r0, comms[0], E / N);
+        sc_moe layer;
+        sc_status s = sc_moe_create(ctxs[0], &d, &layer);
+        free_rank(&r0);
+        if (s == SC_ERR_NO_COMPILER) {
+            printf("test_td_moe_ep: skipped: %s\n", sc_last_error());
+            end_world(N);
+            close_contexts(N);
+            return 77;
+        }
+        REQUIRE(s == SC_OK);
+        CHECK_OK(sc_moe_destroy(layer));
+    }
+    const int misuse0 = fake.misuse_count();
+    test_create_refusals();
+    test_forward_refusals();
+    test_forwards();
+    CHECK(fake.misuse_count() == misuse0);
+    if (fake.misuse_count() != misuse0)
+        fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
+    end_world(N);
+    close_contexts(N);
+    CHECK(fake.live_device_allocations() == 0);
+    return test_result("test_td_moe_ep");
+}
