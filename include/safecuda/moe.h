@@ -205,7 +205,8 @@ typedef struct sc_moe_desc {
      * ep_owner (optional, read at create): [E] the rank holding each expert; NULL: rank r
      * holds experts [r E/N, (r+1) E/N) (E a multiple of N). Every rank must hold one or more.
      * A forward on rank r takes that rank's own tokens x [T_r, H] (T_r may differ from rank
-     * to rank) and writes their output to out [T_r, H], as the one-GPU layer would: the
+     * to rank, and be 0: empty views of x and out, for a rank with no tokens this step, which
+     * still takes part) and writes their output to out [T_r, H], as the one-GPU layer would: the
      * routing, then each token sent once to every other rank that holds one of its chosen
      * experts (with its routing over that rank's experts), those rows computed there (with
      * the rank's own tokens, which alone get the shared expert), sent back, and summed in

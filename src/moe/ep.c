@@ -496,13 +496,13 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
                                       .block = {SC_MOE_EP_COMBINE_THREADS, 1, 1}};
     sc_status s;
     /* destinations and packet rows (counts zeroed first: the plan writes them all, but a
-     * failure in between must not leave the last forward's) */
+     * failure in between must not leave the last forward's; with no tokens they stay 0) */
     if ((s = sc_fill(stream, sc_view_of(b[B_COUNTS]), &zero)) != SC_OK ||
-        (s = SC_LAUNCH(stream, ep->kernels[K_PLAN], &one_block,
+        (T > 0 && (s = SC_LAUNCH(stream, ep->kernels[K_PLAN], &one_block,
                        sc_arg_in(ids), sc_arg_in(sc_view_of(b[B_MAP])),
                        sc_arg_out(part(b[B_POS], 0, T * (uint64_t)N)),
                        sc_arg_out(part(b[B_COUNTS], 0, (uint64_t)N)), sc_arg_i32((int32_t)T),
-                       sc_arg_i32(k), sc_arg_i32(E), sc_arg_i32(N), sc_arg_i32(ep->rank))) != SC_OK)
+                       sc_arg_i32(k), sc_arg_i32(E), sc_arg_i32(N), sc_arg_i32(ep->rank))) != SC_OK))
         return s;
     exchange xc;
     uint64_t R = 0;
@@ -511,7 +511,7 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     /* low-latency: the packets' unused rows carry no expert */
     if (ep->slab && (s = sc_fill(stream, sc_view_of(b[B_SEND_IDS]), &none)) != SC_OK)
         return s;
-    if ((s = SC_LAUNCH(stream, ep->kernels[K_PACK], &per_pair,
+    if (T > 0 && (s = SC_LAUNCH(stream, ep->kernels[K_PACK], &per_pair,
                        sc_arg_in(x), sc_arg_in(ids), sc_arg_in(w), sc_arg_in(sc_view_of(b[B_MAP])),
                        sc_arg_in(part(b[B_POS], 0, pairs)),
                        sc_arg_in(part(b[B_COUNTS], 0, (uint64_t)N)), sc_arg_out(sc_view_of(b[B_SEND_X])),
@@ -540,8 +540,8 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     /* the rank's experts over its own tokens (the shared expert's) and those received */
     const sc_moe_forward_desc xo = {.routing_ids = part(b[B_IN_IDS], 0, R * (uint64_t)k),
                                     .routing_weights = part(b[B_IN_W], 0, R * (uint64_t)k)};
-    if ((s = sci_moe_run(ep->experts, stream, part(b[B_IN_X], 0, R * (uint64_t)H),
-                         part(b[B_IN_OUT], 0, R * (uint64_t)H), &xo, T, fn)) != SC_OK)
+    if (R > 0 && (s = sci_moe_run(ep->experts, stream, part(b[B_IN_X], 0, R * (uint64_t)H),
+                                  part(b[B_IN_OUT], 0, R * (uint64_t)H), &xo, T, fn)) != SC_OK)
         return s;
     /* combine: the rows back to their ranks, then each token's sum */
     if ((s = all_to_all_rows(ep, stream, b[B_BACK], b[B_IN_OUT], (uint64_t)H, &xc, true)) !=
@@ -549,6 +549,8 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
         sci_error_append(" (the return of an expert-parallel layer's rows over desc->ep_comm)");
         return s;
     }
+    if (T == 0)
+        return SC_OK;
     return SC_LAUNCH(stream, ep->kernels[K_COMBINE], &per_token,
                      sc_arg_in(part(b[B_IN_OUT], 0, T * (uint64_t)H)),
                      sc_arg_in(sc_view_of(b[B_BACK])), sc_arg_in(part(b[B_POS], 0, pairs)),
@@ -558,6 +560,42 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
                      sc_arg_i32(accumulate));
 }
 
+/* A rank with no tokens this step: x and out both empty views (bf16, of the layer's
+ * context); it still takes part in the exchanges. SC_ERR_NOT_READY (no message) when x is
+ * not empty: the ordinary checks follow. */
+static sc_status check_empty(const sci_moe *m, sc_view x, sc_view out, const char *fn,
+                             sc_view *xv, sc_view *ov)
+{
+    sc_buffer_props xp, op;
+    sc_status s;
+    if ((s = sc_buffer_view(x.buffer, x.offset, x.count, xv)) != SC_OK)
+        return s;
+    if (xv->count != 0)
+        return SC_ERR_NOT_READY;
+    if ((s = sc_buffer_view(out.buffer, out.offset, out.count, ov)) != SC_OK ||
+        (s = sc_buffer_info(x.buffer, &xp)) != SC_OK ||
+        (s = sc_buffer_info(out.buffer, &op)) != SC_OK)
+        return s;
+    if (xp.context.id != m->ctx->obj.id || op.context.id != m->ctx->obj.id)
+        return sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                        "%s (buffer '%s', created at %s:%d) belongs to another context than the "
+                        "layer",
+                        xp.context.id != m->ctx->obj.id ? "x" : "out",
+                        xp.context.id != m->ctx->obj.id ? xp.label : op.label,
+                        xp.context.id != m->ctx->obj.id ? xp.file : op.file,
+                        xp.context.id != m->ctx->obj.id ? xp.line : op.line);
+    if (xp.dtype != SC_BF16 || op.dtype != SC_BF16)
+        return sci_fail(SC_ERR_TYPE_MISMATCH, fn, "%s is %s; it must be bf16",
+                        xp.dtype != SC_BF16 ? "x" : "out",
+                        sc_dtype_name(xp.dtype != SC_BF16 ? xp.dtype : op.dtype));
+    if (ov->count != 0)
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "x is empty (T = 0: a rank with no tokens this step) and out has %llu "
+                        "elements: both must be T x H",
+                        (unsigned long long)ov->count);
+    return SC_OK;
+}
+
 sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
                              const sc_moe_forward_desc *opts, const char *fn)
 {
@@ -565,8 +603,10 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
     sc_view xv, ov, rids, rw;
     uint64_t T = 0;
     sc_status s;
-    if ((s = sci_moe_check_io(m, x, out, fn, &xv, &ov, &T)) != SC_OK ||
-        (s = sci_moe_check_opts(m, opts, T, fn, &rids, &rw)) != SC_OK ||
+    s = check_empty(m, x, out, fn, &xv, &ov);
+    if (s == SC_ERR_NOT_READY) /* x is not empty */
+        s = sci_moe_check_io(m, x, out, fn, &xv, &ov, &T);
+    if (s != SC_OK || (s = sci_moe_check_opts(m, opts, T, fn, &rids, &rw)) != SC_OK ||
         (s = ready(m, stream, opts, T, fn)) != SC_OK)
         return s;
     const uint64_t k = (uint64_t)m->desc.top_k;
@@ -580,11 +620,12 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
     const bool caller = rids.buffer.id != 0;
     const sc_view ids = caller ? rids : part(ep->buf[B_IDS], 0, T * k);
     const sc_view w = caller ? rw : part(ep->buf[B_W], 0, T * k);
-    if (s == SC_OK && !caller)
+    if (s == SC_OK && !caller && T > 0)
         s = sci_moe_route_run(m, stream, xv, ids, w, fn);
-    if (s == SC_OK && opts && opts->expert_ids.buffer.id && !sci_moe_same_view(opts->expert_ids, ids))
+    if (s == SC_OK && T > 0 && opts && opts->expert_ids.buffer.id &&
+        !sci_moe_same_view(opts->expert_ids, ids))
         s = sc_copy(stream, opts->expert_ids, ids);
-    if (s == SC_OK && opts && opts->expert_weights.buffer.id &&
+    if (s == SC_OK && T > 0 && opts && opts->expert_weights.buffer.id &&
         !sci_moe_same_view(opts->expert_weights, w))
         s = sc_copy(stream, opts->expert_weights, w);
     if (s == SC_OK)

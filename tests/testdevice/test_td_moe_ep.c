@@ -3,7 +3,7 @@
  * a forward's refusals (before anything is enqueued), and forwards on both ranks, one
  * thread per rank, in both modes: normal (the counts exchanged and read on the host), low
  * latency eager and captured in a graph replayed twice, the caller's routing, different T
- * on each rank. No kernel runs on the test device, so nothing here says anything about
+ * on each rank, a rank with no tokens (T = 0). No kernel runs on the test device, so nothing here says anything about
  * the layer's results (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on
  * GPUs): these check the plumbing: every launch passes its checks, every exchange is one
  * the double accepts (the ranks' counts agree), nothing is misused, nothing leaks. */
@@ -196,7 +196,7 @@ static void test_forward_refusals(void)
 /* ---- forwards on both ranks, one thread per rank ------------------------------------------- */
 
 static rank_layer normal[N], ll[N];
-static const int rank_T[N] = {5, 3};
+static int rank_T[N];
 
 static void *rank_forwards(void *arg)
 {
@@ -212,7 +212,13 @@ static void *rank_forwards(void *arg)
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out,
                             &(sc_moe_forward_desc){.accumulate = true}));
     CHECK_OK(sc_comm_synchronize(comms[r]));
-    /* the caller's routing (global ids, one slot padded), and the routing's copies */
+    /* the caller's routing (global ids, one slot padded), and the routing's copies; a rank
+     * without tokens takes part all the same */
+    if (T == 0) {
+        CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out, NULL));
+        CHECK_OK(sc_comm_synchronize(comms[r]));
+        goto low_latency;
+    }
     sc_buffer ids = buf(ctxs[r], SC_I32, T * K, "ids"), wts = buf(ctxs[r], SC_F32, T * K, "w");
     int32_t h_ids[TMAX * K];
     float h_w[TMAX * K];
@@ -235,6 +241,7 @@ static void *rank_forwards(void *arg)
     CHECK_OK(sc_buffer_destroy(ids));
     CHECK_OK(sc_buffer_destroy(wts));
     /* low latency: eager, then captured and replayed twice */
+low_latency:
     REQUIRE(sc_buffer_view(ll[r].w[6], 0, T * H, &x) == SC_OK);
     REQUIRE(sc_buffer_view(ll[r].w[7], 0, T * H, &out) == SC_OK);
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, ll[r].layer, x, out, NULL));
@@ -258,8 +265,11 @@ static void *rank_forwards(void *arg)
     return NULL;
 }
 
-static void test_forwards(void)
+/* Rank 0 with T0 tokens, rank 1 with T1 (0: a rank with no tokens this step). */
+static void test_forwards(int T0, int T1)
 {
+    rank_T[0] = T0;
+    rank_T[1] = T1;
     for (int r = 0; r < N; r++) {
         sc_moe_desc d = rank_desc(ctxs[r], &normal[r], comms[r], E / N);
         REQUIRE(sc_moe_create(ctxs[r], &d, &normal[r].layer) == SC_OK);
@@ -305,7 +315,8 @@ int main(void)
     const int misuse0 = fake.misuse_count();
     test_create_refusals();
     test_forward_refusals();
-    test_forwards();
+    test_forwards(5, 3);
+    test_forwards(0, 4);
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
