@@ -3,9 +3,9 @@
  * a forward's refusals (before anything is enqueued), and forwards on both ranks, one
  * thread per rank, in both modes: normal (the counts exchanged and read on the host), low
  * latency eager and captured in a graph replayed twice, the caller's routing, different T
- * on each rank, a rank with no tokens (T = 0). No kernel runs on the test device, so nothing here says anything about
- * the layer's results (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on
- * GPUs): these check the plumbing: every launch passes its checks, every exchange is one
+ * on each rank, a rank with no tokens (T = 0). No kernel runs on the test device, so
+ * nothing here says anything about the layer's results (tests/gpu/test_gpu_moe_ep.c
+ * compares them with the one-GPU layer on GPUs): these check the plumbing: every launch passes its checks, every exchange is one
  * the double accepts (the ranks' counts agree), nothing is misused, nothing leaks. */
 #define _GNU_SOURCE
 
