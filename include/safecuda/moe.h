@@ -32,7 +32,9 @@
  *   agree to rounding, not bitwise, but for fp8 weights at multiples of 32 bytes);
  * - out += layer(x) (the residual add in the same pass);
  * - tensor parallelism over several GPUs: each rank a layer over its shard of I, the partial
- *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md). */
+ *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md);
+ * - expert parallelism: each rank some of the experts, each token sent to the ranks holding
+ *   its experts and the rows sent back and summed (sc_moe_desc.ep_comm). */
 #ifndef SAFECUDA_MOE_H
 #define SAFECUDA_MOE_H
 

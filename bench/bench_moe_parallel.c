@@ -1,17 +1,22 @@
-/* bench_moe_tp: the tensor-parallel MoE layer (sc_moe_desc.tp_comm) on N GPUs against the one
- * GPU layer doing all the work, whole-forward times and the scaling efficiency.
+/* bench_moe_parallel: the tensor- and expert-parallel MoE layers (sc_moe_desc.tp_comm,
+ * ep_comm) on N GPUs against the one-GPU layer doing all the work: whole-forward times and
+ * the scaling efficiency.
  *
- * Per layer shape and token count T (every rank gets the same T tokens, as tensor parallelism
- * runs them): the one-GPU layer over the full weights on GPU 0, then N ranks (a thread per GPU)
- * each with its shard of I (I / N) and the all-reduce of the partial outputs. A sample: the
- * ranks meet at a barrier, record a start event, run `reps` forwards, record an end event; a
- * sample's time per forward is the slowest rank's. Warm-up samples first, the median of the
- * timed ones after. Efficiency = t(1 GPU) / (N x t(N GPUs)): 100 % would be the work split
- * perfectly with a free all-reduce. Weights are random (bf16 values, e4m3 values without NaN
- * codes, block scales near 0.01): the timing does not depend on them; the tests check the
- * results (tests/gpu/test_gpu_moe_tp.c).
+ * Per layer shape and token count T:
+ * - tensor parallel (every rank gets the same T tokens, as tensor parallelism runs them):
+ *   N ranks (a thread per GPU) each with its shard of I (I / N) and the all-reduce of the
+ *   partial outputs, against the one-GPU layer over the full weights on GPU 0 with T tokens;
+ * - expert parallel, normal and low-latency mode (T tokens per rank, each rank its own: the
+ *   work of N T tokens): N ranks each with E / N experts, against the one-GPU layer with N T
+ *   tokens; low-latency with packets of 128 rows, at T <= 128.
+ * A sample: the ranks meet at a barrier, record a start event, run `reps` forwards, record an
+ * end event; a sample's time per forward is the slowest rank's. Warm-up samples first, the
+ * median of the timed ones after. Efficiency = t(1 GPU, all the work) / (N x t(N GPUs)): 100 %
+ * would be the work split perfectly with free communication. Weights are random (bf16
+ * values, e4m3 values without NaN codes, block scales near 0.01) and so is x: the routing is
+ * close to uniform; the tests check the results (tests/gpu/test_gpu_moe_tp.c, _ep.c).
  *
- *   bench_moe_tp [--gpus N] [--out DIR] [--quick]     (N: 2 .. the GPUs there; default 2)
+ *   bench_moe_parallel [--gpus N] [--out DIR] [--quick]  (N: 2 .. the GPUs there; default 2)
  *
  * Needs N GPUs and NCCL: otherwise it exits 77 (skipped), saying why. NCCL_NVLS_ENABLE=0 is set
  * unless the environment sets it. */
@@ -96,25 +101,42 @@ typedef struct layer {
     sc_event start, end;
 } layer;
 
-static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, sc_comm comm, uint64_t Tmax)
+/* How a layer splits the work over its n ranks (n = 1: the one-GPU layer). */
+typedef enum split { ONE, TP, EP_NORMAL, EP_LL } split;
+static const char *const split_names[] = {"1 GPU", "TP", "EP", "EP low-latency"};
+#define LL_ROWS 128 /* the low-latency layers' ep_max_tokens */
+
+static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, split how, sc_comm comm,
+                       uint64_t Tmax)
 {
     memset(L, 0, sizeof *L);
     L->ctx = ctx;
     L->H = (uint64_t)sh->H;
-    SC_TRY(sc_stream_create(ctx, &(sc_stream_desc){.label = "bench_moe_tp"}, &L->stream));
-    const uint64_t E = (uint64_t)sh->E, H = (uint64_t)sh->H, I = (uint64_t)sh->I / (uint64_t)n;
-    const uint64_t Is = (uint64_t)sh->Is / (uint64_t)n;
+    SC_TRY(sc_stream_create(ctx, &(sc_stream_desc){.label = "bench_moe_parallel"}, &L->stream));
+    const uint64_t tp = how == TP ? (uint64_t)n : 1, ep = how >= EP_NORMAL ? (uint64_t)n : 1;
+    const uint64_t E = (uint64_t)sh->E, H = (uint64_t)sh->H, I = (uint64_t)sh->I / tp;
+    const uint64_t Is = (uint64_t)sh->Is / tp, El = E / ep; /* the rank's experts */
     const sc_dtype et = sh->fp8 ? SC_F8E4M3 : SC_BF16;
     sc_moe_desc d = {.experts = sh->E, .top_k = sh->k, .hidden = sh->H, .intermediate = (int)I,
                      .renormalize = true, .max_tokens = Tmax, .label = sh->name,
-                     .expert_dtype = et, .tp_comm = comm, .shared_intermediate = (int)Is};
+                     .expert_dtype = et, .shared_intermediate = (int)Is};
+    if (how == TP)
+        d.tp_comm = comm;
+    if (how >= EP_NORMAL) {
+        d.ep_comm = comm;
+        d.ep_mode = how == EP_LL ? SC_MOE_EP_LOW_LATENCY : SC_MOE_EP_NORMAL;
+        d.ep_max_tokens = how == EP_LL ? LL_ROWS : 0;
+        d.max_tokens = how == EP_LL ? 0 : Tmax;
+    }
     sc_stream s = L->stream;
     d.router = L->b[L->nb++] = rnd(ctx, s, SC_BF16, E * H, "router");
-    d.w13 = L->b[L->nb++] = rnd(ctx, s, et, E * 2 * I * H, "w13");
-    d.w2 = L->b[L->nb++] = rnd(ctx, s, et, E * H * I, "w2");
+    d.w13 = L->b[L->nb++] = rnd(ctx, s, et, El * 2 * I * H, "w13");
+    d.w2 = L->b[L->nb++] = rnd(ctx, s, et, El * H * I, "w2");
     if (sh->fp8) {
-        d.w13_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, E * 2 * I / 128 * H / 128, "w13_scale"));
-        d.w2_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, E * H / 128 * I / 128, "w2_scale"));
+        d.w13_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, El * 2 * I / 128 * H / 128,
+                                                      "w13_scale"));
+        d.w2_scale = sc_view_of(L->b[L->nb++] = rnd(ctx, s, SC_F32, El * H / 128 * I / 128,
+                                                     "w2_scale"));
     }
     if (Is) {
         d.shared_w13 = sc_view_of(L->b[L->nb++] = rnd(ctx, s, et, 2 * Is * H, "shared_w13"));
@@ -135,7 +157,8 @@ static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, sc_comm
     L->x = rnd(ctx, s, SC_BF16, Tmax * H, "x");
     SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = Tmax * H, .label = "out"},
                             &L->out));
-    SC_TRY(sc_moe_reserve(s, L->moe, Tmax));
+    if (how != EP_LL)
+        SC_TRY(sc_moe_reserve(s, L->moe, Tmax));
     SC_TRY(sc_event_create(ctx, &(sc_event_desc){.timing = true}, &L->start));
     SC_TRY(sc_event_create(ctx, &(sc_event_desc){.timing = true}, &L->end));
     SC_TRY(sc_stream_synchronize(s));
@@ -224,28 +247,77 @@ static double run_one(layer *L, uint64_t T, bool quick)
     return bench_median(v, (size_t)samples);
 }
 
+/* The ranks' layers of one split, a thread each; time per T (0 where the split does not
+ * run it), against the one-GPU times (one[ti]: T tokens; one_all[ti]: N T tokens). */
+static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *comms,
+                      const uint64_t *tokens, int ntok, const double *one, const double *one_all,
+                      bool quick, FILE *csv, double *eff_4096_min)
+{
+    const uint64_t Tmax = how == EP_LL ? LL_ROWS : tokens[ntok - 1];
+    for (int r = 0; r < nranks; r++)
+        make_layer(&ranks[r], ctxs[r], sh, nranks, how, comms[r], Tmax);
+    pthread_t th[MAX_GPUS];
+    for (int r = 0; r < nranks; r++)
+        if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
+            printf("FAILED: pthread_create\n");
+            exit(1);
+        }
+    if (how == TP)
+        printf("  %s: I / %d on each GPU, the partial outputs all-reduced; T tokens on every "
+               "rank, the one GPU doing T\n",
+               split_names[how], nranks);
+    else
+        printf("  %s: E / %d experts on each GPU; T tokens per rank (each its own), the one "
+               "GPU doing %d T%s\n",
+               split_names[how], nranks, nranks,
+               how == EP_LL ? " (packets of 128 rows: T <= 128)" : "");
+    printf("  %8s %12s %12s %11s\n", "T", "1 GPU ms", "N GPUs ms", "efficiency");
+    for (int ti = 0; ti < ntok; ti++) {
+        const uint64_t T = tokens[ti];
+        if (T > Tmax)
+            continue;
+        const double base = how == TP ? one[ti] : one_all[ti];
+        const double par = run_ranks(T, quick);
+        const double eff = base / (nranks * par);
+        printf("  %8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, base, par, 100 * eff);
+        if (csv)
+            fprintf(csv, "%s,%d,%s,%llu,%.6f,%.6f,%.4f\n", sh->name, nranks, split_names[how],
+                    (unsigned long long)T, base, par, eff);
+        if (T == 4096)
+            *eff_4096_min = fmin(*eff_4096_min, eff);
+    }
+    job.quit = true;
+    pthread_barrier_wait(&all_barrier);
+    for (int r = 0; r < nranks; r++)
+        pthread_join(th[r], NULL);
+    job.quit = false;
+    for (int r = 0; r < nranks; r++)
+        free_layer(&ranks[r]);
+}
+
 int main(int argc, char **argv)
 {
     int want = bench_take_gpus(&argc, argv, MAX_GPUS);
     if (!want)
         want = 2;
     bench_opts o = bench_parse_args(argc, argv,
-                                    "The tensor-parallel MoE layer on N GPUs (--gpus N, default "
-                                    "2) against one GPU doing all the work: forward times and "
-                                    "the scaling efficiency per layer shape and token count.");
+                                    "The tensor- and expert-parallel MoE layers on N GPUs "
+                                    "(--gpus N, default 2) against one GPU doing all the work: "
+                                    "forward times and the scaling efficiency per layer shape "
+                                    "and token count.");
     setvbuf(stdout, NULL, _IOLBF, 0);
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    bench_require_gpu("bench_moe_tp");
+    bench_require_gpu("bench_moe_parallel");
     int count = 0;
     SC_TRY(sc_device_count(&count));
     nranks = want;
     if (count < nranks) {
-        printf("bench_moe_tp: skipped: needs %d GPUs, this machine has %d\n", nranks, count);
+        printf("bench_moe_parallel: skipped: needs %d GPUs, this machine has %d\n", nranks, count);
         return 77;
     }
     int version = 0;
     if (sc_comm_library_version(&version) != SC_OK) {
-        printf("bench_moe_tp: skipped: no NCCL: %s\n", sc_last_error());
+        printf("bench_moe_parallel: skipped: no NCCL: %s\n", sc_last_error());
         return 77;
     }
     sc_device_props props;
@@ -253,7 +325,7 @@ int main(int argc, char **argv)
     bench_describe_device(0, &props, desc, sizeof desc);
     const bool test_device = strstr(props.name, "test device") != NULL;
     const bool fp8_ok = props.cc_major == 9 && props.cc_minor == 0;
-    printf("bench_moe_tp%s: %d x %s; NCCL %d.%d.%d, NCCL_NVLS_ENABLE=%s\n",
+    printf("bench_moe_parallel%s: %d x %s; NCCL %d.%d.%d, NCCL_NVLS_ENABLE=%s\n",
            o.quick ? " (--quick: smoke test, not a result)" : "", nranks, desc, version / 10000,
            version / 100 % 100, version % 100, getenv("NCCL_NVLS_ENABLE"));
     static const uint64_t tokens_full[] = {1, 16, 128, 1024, 4096}, tokens_quick[] = {1, 128};
@@ -266,62 +338,46 @@ int main(int argc, char **argv)
     for (int r = 0; r < nranks; r++)
         SC_TRY(sc_context_create(&(sc_context_desc){.device = r}, &ctxs[r]));
     sc_comm comms[MAX_GPUS];
-    SC_TRY(sc_comm_create_all(ctxs, nranks, &(sc_comm_all_desc){.label = "tp"}, comms));
+    SC_TRY(sc_comm_create_all(ctxs, nranks, &(sc_comm_all_desc){.label = "moe"}, comms));
     pthread_barrier_init(&all_barrier, NULL, (unsigned)nranks + 1);
     pthread_barrier_init(&rank_barrier, NULL, (unsigned)nranks);
 
     char path[4096];
-    FILE *csv = bench_open_out(&o, "bench_moe_tp.csv", path, sizeof path);
+    FILE *csv = bench_open_out(&o, "bench_moe_parallel.csv", path, sizeof path);
     if (csv)
-        fprintf(csv, "layer,gpus,tokens,one_gpu_ms,tp_ms,efficiency\n");
-    double eff_4096_min = INFINITY;
+        fprintf(csv, "layer,gpus,split,tokens_per_rank,one_gpu_ms,parallel_ms,efficiency\n");
+    double eff_min[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
     for (size_t si = 0; si < N_SHAPES; si++) {
         const shape *sh = &shapes[si];
         if (sh->fp8 && !fp8_ok) {
             printf("\n%s: skipped (fp8 experts need compute capability 9.0)\n", sh->name);
             continue;
         }
-        if ((sh->I / nranks) % (sh->fp8 ? 128 : 8) || (sh->Is / nranks) % (sh->fp8 ? 128 : 8)) {
-            printf("\n%s: skipped (I / %d is not a multiple of %d)\n", sh->name, nranks,
-                   sh->fp8 ? 128 : 8);
-            continue;
-        }
         if (o.quick && si != 1) /* --quick: one small shape */
             continue;
+        printf("\n%s (E %d, top-%d, H %d, I %d%s%s), %d GPUs\n", sh->name, sh->E, sh->k, sh->H,
+               sh->I, sh->Is ? ", shared expert" : "", sh->fp8 ? ", fp8 experts" : "", nranks);
+        /* the one GPU doing all the work: T and N T tokens */
         layer full;
-        make_layer(&full, ctxs[0], sh, 1, (sc_comm){0}, Tmax);
-        for (int r = 0; r < nranks; r++)
-            make_layer(&ranks[r], ctxs[r], sh, nranks, comms[r], Tmax);
-        pthread_t th[MAX_GPUS];
-        for (int r = 0; r < nranks; r++)
-            if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
-                printf("FAILED: pthread_create\n");
-                return 1;
-            }
-        printf("\n%s (E %d, top-%d, H %d, I %d%s%s): %d GPUs, I / %d each, all-reduced\n",
-               sh->name, sh->E, sh->k, sh->H, sh->I, sh->Is ? ", shared expert" : "",
-               sh->fp8 ? ", fp8 experts" : "", nranks, nranks);
-        printf("%8s %12s %12s %11s\n", "T", "1 GPU ms", "TP ms", "efficiency");
+        make_layer(&full, ctxs[0], sh, 1, ONE, (sc_comm){0}, Tmax * (uint64_t)nranks);
+        double one[8], one_all[8];
         for (int ti = 0; ti < ntok; ti++) {
-            const uint64_t T = tokens[ti];
-            const double one = run_one(&full, T, o.quick);
-            const double tp = run_ranks(T, o.quick);
-            const double eff = one / (nranks * tp);
-            printf("%8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, one, tp, 100 * eff);
-            if (csv)
-                fprintf(csv, "%s,%d,%llu,%.6f,%.6f,%.4f\n", sh->name, nranks,
-                        (unsigned long long)T, one, tp, eff);
-            if (T == 4096 && !test_device)
-                eff_4096_min = fmin(eff_4096_min, eff);
+            one[ti] = run_one(&full, tokens[ti], o.quick);
+            one_all[ti] = run_one(&full, tokens[ti] * (uint64_t)nranks, o.quick);
         }
-        job.quit = true;
-        pthread_barrier_wait(&all_barrier);
-        for (int r = 0; r < nranks; r++)
-            pthread_join(th[r], NULL);
-        job.quit = false;
-        for (int r = 0; r < nranks; r++)
-            free_layer(&ranks[r]);
         free_layer(&full);
+        const bool tp_ok = !((sh->I / nranks) % (sh->fp8 ? 128 : 8) ||
+                             (sh->Is / nranks) % (sh->fp8 ? 128 : 8));
+        const bool ep_ok = sh->E % nranks == 0;
+        for (split how = TP; how <= EP_LL; how++) {
+            if ((how == TP && !tp_ok) || (how != TP && !ep_ok)) {
+                printf("  %s: skipped (%s is not a multiple of %d)\n", split_names[how],
+                       how == TP ? "I / N" : "E", how == TP ? (sh->fp8 ? 128 : 8) : nranks);
+                continue;
+            }
+            run_split(sh, how, ctxs, comms, tokens, ntok, one, one_all, o.quick, csv,
+                      test_device ? &(double){0} : &eff_min[how]);
+        }
     }
     pthread_barrier_destroy(&all_barrier);
     pthread_barrier_destroy(&rank_barrier);
@@ -335,10 +391,11 @@ int main(int argc, char **argv)
         fclose(csv);
         printf("\nwrote %s\n", path);
     }
-    if (isinf(eff_4096_min))
+    if (isinf(eff_min[TP]) && isinf(eff_min[EP_NORMAL]))
         printf("\nsummary: %d GPUs: no T = 4096 point measured on a GPU\n", nranks);
     else
-        printf("\nsummary: %d GPUs: the lowest scaling efficiency at T = 4096: %.1f%% (goal 80%%)\n",
-               nranks, 100 * eff_4096_min);
+        printf("\nsummary: %d GPUs: the lowest scaling efficiency at T = 4096 (per rank): TP "
+               "%.1f%%, EP %.1f%% (goal 80%%)\n",
+               nranks, 100 * eff_min[TP], 100 * eff_min[EP_NORMAL]);
     return 0;
 }
