@@ -1,7 +1,7 @@
 """The fused Mixture-of-Experts layer (include/safecuda/moe.h) over safecuda buffers."""
 
 import types
-from ctypes import byref, c_uint64, pointer, string_at
+from ctypes import byref, c_int32, c_uint64, pointer, string_at
 
 from ._core import Buffer, View, _check, _Resource, _stream_handle
 from ._dtype import DType
@@ -13,10 +13,11 @@ BACKEND = {"auto": 0, "mma": 1, "sm90": 2}
 ACTIVATION = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
 W13_LAYOUT = {"stacked": 0, "interleaved": 1}
 TP_OUTPUT = {"all_reduce": 0, "reduce_scatter": 1}
+EP_MODE = {"normal": 0, "low_latency": 1}
 
 
-def _tp_comm(comm):
-    """tp_comm as a safecuda.Comm (a safecuda.torch.Comm gives its own), or None."""
+def _comm_arg(what, comm):
+    """tp_comm / ep_comm as a safecuda.Comm (a safecuda.torch.Comm gives its own), or None."""
     if comm is None:
         return None
     from ._comm import Comm
@@ -24,9 +25,28 @@ def _tp_comm(comm):
     if isinstance(inner, Comm):
         comm = inner
     if not isinstance(comm, Comm):
-        raise TypeError(f"MoE: tp_comm must be a safecuda.Comm (or a safecuda.torch.Comm), "
+        raise TypeError(f"MoE: {what} must be a safecuda.Comm (or a safecuda.torch.Comm), "
                         f"not {type(comm).__name__}")
     return comm
+
+
+def ep_local_experts(E, nranks, rank, owner):
+    """The experts rank holds of E over nranks (owner: each expert's rank, or None for
+    contiguous blocks); ValueError for an owner list that is no such map."""
+    if owner is None:
+        if E % nranks:
+            raise ValueError(f"MoE: experts = {E} is not a multiple of ep_comm's {nranks} "
+                             f"ranks: give ep_owner (each expert's rank)")
+        return E // nranks
+    owner = [int(o) for o in owner]
+    if len(owner) != E:
+        raise ValueError(f"MoE: ep_owner has {len(owner)} entries; one per expert ({E}) "
+                         f"expected")
+    bad = [(e, o) for e, o in enumerate(owner) if not 0 <= o < nranks]
+    if bad:
+        raise ValueError(f"MoE: ep_owner[{bad[0][0]}] = {bad[0][1]}: each expert's rank is "
+                         f"0 .. {nranks - 1}")
+    return sum(1 for o in owner if o == rank)
 FP8_BLOCK = 128  # the weights' scales are per 128 x 128 block (moe.h: SC_MOE_FP8_BLOCK)
 SCALES = ("w13_scale", "w2_scale", "shared_w13_scale", "shared_w2_scale")
 
@@ -128,7 +148,8 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
                w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
                shared_intermediate=None, shared_w13=None, shared_w2=None, shared_gate=None,
                w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None,
-               tp_comm=None, tp_output="all_reduce"):
+               tp_comm=None, tp_output="all_reduce", ep_comm=None, ep_mode="normal",
+               ep_max_tokens=0, ep_owner=None):
     """The sc_moe_desc of MoE's arguments (see MoE), and a namespace of what was read:
     experts, top_k, hidden, intermediate, shared_intermediate, expert_dtype, the objects to
     keep alive and the label's bytes (the desc points into them). Checks the Python side
@@ -172,7 +193,11 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
         else:
             S = 0
     xd = _expert_dtype(w13, w2, shared_w13, shared_w2)
-    _check_fp8(xd, _int("experts", E), _int("hidden", H), _int("intermediate", I_),
+    # expert parallel: the routed experts' tensors hold the rank's experts
+    ecomm = _comm_arg("ep_comm", ep_comm)
+    E_x = _int("experts", E) if ecomm is None else \
+        ep_local_experts(_int("experts", E), ecomm.nranks, ecomm.rank, ep_owner)
+    _check_fp8(xd, E_x, _int("hidden", H), _int("intermediate", I_),
                _int("shared_intermediate", S), shared_w13 is not None or shared_w2 is not None,
                dict(views[6:]), backend)
     desc = sc_moe_desc()
@@ -203,15 +228,27 @@ def build_desc(router, w13, w2, *, top_k, scoring="softmax", renormalize=True,
             setattr(desc, name, w._sv)
     desc.shared_intermediate = _int("shared_intermediate", S)
     desc.expert_dtype = int(xd)
-    comm = _tp_comm(tp_comm)
+    comm = _comm_arg("tp_comm", tp_comm)
     desc.tp_output = _choice("tp_output", tp_output, TP_OUTPUT)
     if comm is not None:
         desc.tp_comm = comm._h
+    desc.ep_mode = _choice("ep_mode", ep_mode, EP_MODE)
+    desc.ep_max_tokens = _int("ep_max_tokens", ep_max_tokens)
+    owner_arr = None
+    if ecomm is not None:
+        desc.ep_comm = ecomm._h
+        if ep_owner is not None:
+            owner_arr = (c_int32 * desc.experts)(*[int(o) for o in ep_owner])
+            desc.ep_owner = owner_arr
+    elif ep_owner is not None or ep_max_tokens or ep_mode != "normal":
+        raise ValueError("MoE: ep_mode, ep_max_tokens and ep_owner are an expert-parallel "
+                         "layer's: give ep_comm")
     info = types.SimpleNamespace(
         experts=desc.experts, top_k=desc.top_k, hidden=desc.hidden,
         intermediate=desc.intermediate, shared_intermediate=desc.shared_intermediate,
-        expert_dtype=xd, tp_comm=comm, tp_output=tp_output,
-        keep=(router, w13, w2, selection_bias, comm) + tuple(w for _, w in views),
+        expert_dtype=xd, tp_comm=comm, tp_output=tp_output, ep_comm=ecomm, ep_mode=ep_mode,
+        keep=(router, w13, w2, selection_bias, comm, ecomm, owner_arr) +
+        tuple(w for _, w in views),
         label=label_b)
     return desc, info
 
@@ -265,7 +302,15 @@ class MoE(_Resource):
     the rank's shard of I as the weights (intermediate = I / N, shared_intermediate likewise);
     every rank runs the same forwards, whose partial outputs are all-reduced (tp_output=
     "all_reduce": every rank's out is the whole [T, H]) or reduce-scattered
-    ("reduce_scatter": rank r's out is its [T/N, H] rows r T/N ..; T a multiple of N)."""
+    ("reduce_scatter": rank r's out is its [T/N, H] rows r T/N ..; T a multiple of N).
+
+    Expert parallelism: ep_comm, this rank's communicator; experts is all E of them (the
+    router [E, H], selection_bias and router_bias whole), w13, w2, their biases and scales
+    hold the rank's experts only (in increasing id: [E_r, 2I, H], ...), the shared expert
+    whole. ep_owner: each expert's rank (a sequence of E ints; None: rank r holds experts
+    r E/N .. (r+1) E/N - 1). Each rank's forward takes its own tokens (T may differ, and be
+    0: x and out empty views); ep_mode="normal" (exact counts exchanged, read on the host)
+    or "low_latency" (packets of ep_max_tokens rows; capturable; T <= ep_max_tokens)."""
 
     _kind = "MoE layer"
     _destroy_fn = "sc_moe_destroy"
@@ -277,7 +322,8 @@ class MoE(_Resource):
                  w13_layout="stacked", router_bias=None, w13_bias=None, w2_bias=None,
                  shared_intermediate=None, shared_w13=None, shared_w2=None,
                  shared_gate=None, w13_scale=None, w2_scale=None, shared_w13_scale=None,
-                 shared_w2_scale=None, tp_comm=None, tp_output="all_reduce", _site=None):
+                 shared_w2_scale=None, tp_comm=None, tp_output="all_reduce", ep_comm=None,
+                 ep_mode="normal", ep_max_tokens=0, ep_owner=None, _site=None):
         desc, info = build_desc(
             router, w13, w2, top_k=top_k, scoring=scoring, renormalize=renormalize,
             selection_bias=selection_bias, max_tokens=max_tokens, label=label,
@@ -288,7 +334,8 @@ class MoE(_Resource):
             w2_bias=w2_bias, shared_intermediate=shared_intermediate, shared_w13=shared_w13,
             shared_w2=shared_w2, shared_gate=shared_gate, w13_scale=w13_scale,
             w2_scale=w2_scale, shared_w13_scale=shared_w13_scale,
-            shared_w2_scale=shared_w2_scale, tp_comm=tp_comm, tp_output=tp_output)
+            shared_w2_scale=shared_w2_scale, tp_comm=tp_comm, tp_output=tp_output,
+            ep_comm=ep_comm, ep_mode=ep_mode, ep_max_tokens=ep_max_tokens, ep_owner=ep_owner)
         self._label_b = info.label
         h = c_uint64()
         file, line = _site if _site is not None else caller_site()
@@ -302,6 +349,7 @@ class MoE(_Resource):
         self.activation, self.w13_layout = activation, w13_layout
         self.weights = info.keep  # kept alive with the layer
         self.tp_comm, self.tp_output = info.tp_comm, tp_output
+        self.ep_comm, self.ep_mode = info.ep_comm, ep_mode
         # the ranks a reduce-scattering layer divides T by (1 otherwise)
         self._out_div = info.tp_comm.nranks if tp_output == "reduce_scatter" else 1
         self._init_resource(context, h.value, label, (string_at(file).decode(), line))

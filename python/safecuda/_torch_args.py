@@ -8,7 +8,7 @@ import types
 import torch
 from torch import Tensor
 
-from ._moe import FP8_BLOCK, SCALES
+from ._moe import FP8_BLOCK, SCALES, ep_local_experts
 
 # The layer's options besides the three weights (MoE's keyword arguments), with their
 # defaults: those of safecuda.MoE.
@@ -17,7 +17,8 @@ OPTIONS = dict(n_group=0, topk_group=0, routed_scaling=0.0, activation="silu",
                w13_bias=None, w2_bias=None, shared_intermediate=None, shared_w13=None,
                shared_w2=None, shared_gate=None, w13_scale=None, w2_scale=None,
                shared_w13_scale=None, shared_w2_scale=None, tp_comm=None,
-               tp_output="all_reduce")
+               tp_output="all_reduce", ep_comm=None, ep_mode="normal", ep_max_tokens=0,
+               ep_owner=None)
 OPTIONAL_TENSORS = ("selection_bias", "router_bias", "w13_bias", "w2_bias", "shared_w13",
                     "shared_w2", "shared_gate") + SCALES
 
@@ -112,24 +113,32 @@ def check_layer_args(router, w13, w2, selection_bias, opts, backend):
         raise ValueError(f"{_WHO}: shapes router_weight [E, H], w13 [E, 2I, H], w2 [E, H, I] "
                          f"expected; got {tuple(router.shape)}, {tuple(w13.shape)}, "
                          f"{tuple(w2.shape)}")
-    E, H = router.shape
+    E_all, H = router.shape
     I_ = w2.shape[2]
+    # expert parallel (ep_comm): w13, w2, their biases and scales hold the rank's E_r experts
+    comm = opts["ep_comm"]
+    E = E_all if comm is None else ep_local_experts(int(E_all), comm.nranks, comm.rank,
+                                                   opts["ep_owner"])
     if tuple(w13.shape) != (E, 2 * I_, H) or tuple(w2.shape) != (E, H, I_):
-        raise ValueError(f"{_WHO}: with router_weight [E={E}, H={H}] and w2 [.., .., I={I_}], "
-                         f"w13 must be [{E}, {2 * I_}, {H}] and w2 [{E}, {H}, {I_}]; got "
-                         f"{tuple(w13.shape)} and {tuple(w2.shape)}")
+        held = "" if comm is None else \
+            f" (the {E} experts rank {comm.rank} of {comm.nranks} holds of the {E_all})"
+        raise ValueError(f"{_WHO}: with router_weight [E={E_all}, H={H}] and w2 "
+                         f"[.., .., I={I_}], w13 must be [{E}, {2 * I_}, {H}] and w2 "
+                         f"[{E}, {H}, {I_}]{held}; got {tuple(w13.shape)} and "
+                         f"{tuple(w2.shape)}")
     tensors = {"router_weight": router, "w13": w13, "w2": w2}
     if selection_bias is not None:
         if not isinstance(selection_bias, Tensor) or \
-                selection_bias.dtype != torch.float32 or tuple(selection_bias.shape) != (E,):
-            raise ValueError(f"{_WHO}: selection_bias must be float32 [{E}]; got "
+                selection_bias.dtype != torch.float32 or \
+                tuple(selection_bias.shape) != (E_all,):
+            raise ValueError(f"{_WHO}: selection_bias must be float32 [{E_all}]; got "
                              f"{getattr(selection_bias, 'dtype', type(selection_bias))} "
                              f"{tuple(getattr(selection_bias, 'shape', ()))}")
         selection_bias = selection_bias.contiguous()
         tensors["selection_bias"] = selection_bias
     # The biases (float32) and the shared expert (the experts' dtype, its gate bfloat16).
     f32 = " (pass .float())"
-    for name, shape, meaning in (("router_bias", (E,), "[E]"),
+    for name, shape, meaning in (("router_bias", (E_all,), "[E]"),
                                  ("w13_bias", (E, 2 * I_), "[E, 2I]"),
                                  ("w2_bias", (E, H), "[E, H]")):
         t = opts[name]
@@ -177,6 +186,6 @@ def check_layer_args(router, w13, w2, selection_bias, opts, backend):
         raise ValueError(f"{_WHO}: the weights are on several devices: "
                          f"{sorted(str(d) for d in devices)}")
     opts = dict(opts, shared_intermediate=S, shared_gate=sgate)
-    return types.SimpleNamespace(E=int(E), H=int(H), I=int(I_), S=S, expert_dtype=xd,
+    return types.SimpleNamespace(E=int(E_all), H=int(H), I=int(I_), S=S, expert_dtype=xd,
                                  selection_bias=selection_bias, device=router.device,
                                  opts=opts)

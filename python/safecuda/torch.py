@@ -200,6 +200,10 @@ class _Layer:
         self.E, self.H, self.I, self.top_k = a.E, a.H, a.I, int(top_k)
         # tensor parallel, reduce-scattered: the output is this rank's T / N rows
         self.out_div = self.moe._out_div
+        # expert parallel: a step without tokens still takes part (empty views of this)
+        self.ep = self.moe.ep_comm is not None
+        self._empty = Buffer(ctx, (8,), DType.BF16, label="torch MoE empty step") \
+            if self.ep else None
         self.shared_intermediate = a.S
         self.expert_dtype = a.expert_dtype
         self.max_tokens = int(max_tokens)
@@ -215,6 +219,9 @@ class _Layer:
         moe = getattr(self, "moe", None)
         if moe is not None:
             moe.close()
+        empty = getattr(self, "_empty", None)
+        if empty is not None:
+            empty.close()
         for b in self.buffers:
             if b is not None:
                 b.close()
@@ -248,10 +255,16 @@ class _Layer:
         if routed:
             ids = torch.empty((T, self.top_k), dtype=torch.int32, device=x.device)
             weights = torch.empty((T, self.top_k), dtype=torch.float32, device=x.device)
-        if T == 0:
-            return (out, ids, weights) if routed else out
         cu = _current_raw_stream(x.device.index)
         ctx = self.ctx
+        if T == 0:
+            if self.ep:  # an expert-parallel step: the exchanges need every rank
+                st = ctx._wrapped.get(cu) or ctx.wrap_stream(cu)
+                empty = sc_view(self._empty._h, 0, 0)
+                r = lib.sc_moe_forward(st._h, self._moe_h, empty, empty, None)
+                if r:
+                    fail(r)
+            return (out, ids, weights) if routed else out
         st = ctx._wrapped.get(cu)
         if st is None:
             st = ctx.wrap_stream(cu)
@@ -570,7 +583,10 @@ class MoE(torch.nn.Module):
             # fp8 experts (w13, w2, shared_w13, shared_w2 float8_e4m3fn): their scales
             w13_scale=None, w2_scale=None, shared_w13_scale=None, shared_w2_scale=None,
             # tensor parallelism: this rank's communicator, its output
-            tp_comm=None, tp_output="all_reduce" | "reduce_scatter")
+            tp_comm=None, tp_output="all_reduce" | "reduce_scatter",
+            # expert parallelism: this rank's communicator, the exchange, the experts' ranks
+            ep_comm=None, ep_mode="normal" | "low_latency", ep_max_tokens=0,
+            ep_owner=None)
 
     bf16 CUDA weights, contiguous, on one device, borrowed without a copy (so are the
     float32 biases and the shared expert's weights).
@@ -606,6 +622,15 @@ class MoE(torch.nn.Module):
     every rank calls forward with the same x. tp_output="all_reduce": every rank gets the
     whole output; "reduce_scatter" (sequence parallelism): rank r gets its rows
     [r T/N, (r+1) T/N) as a 2-D tensor [T/N, H] (T, the tokens of x, a multiple of N).
+
+    Expert parallelism (docs/MULTI_GPU.md): ep_comm, this rank's safecuda.torch.Comm on the
+    weights' device; router_weight [E, H] (and selection_bias, router_bias) whole, w13, w2,
+    their biases and scales the rank's experts only ([E_r, 2I, H], in increasing expert id;
+    ep_owner: each expert's rank, a sequence of E ints, or None for contiguous blocks of
+    E/N), the shared expert whole. Each rank calls forward with its own tokens (any number,
+    0 included: an empty step still takes part in the exchanges) and gets their output.
+    ep_mode="normal" (prefill: exact counts, a host wait per forward) or "low_latency"
+    (decode: packets of ep_max_tokens rows, T <= ep_max_tokens, capturable in CUDA graphs).
 
     In plain eager execution the forward runs the operator's body directly (the same
     work, without the dispatcher's overhead); under torch.compile, tracing, tensor

@@ -464,3 +464,52 @@ def test_moe_tp_fields_and_refusals(contexts):
         b.close()
     lone.close()
     end(comms)
+
+
+# ---- the expert-parallel MoE layer's binding (ep_comm, ep_mode, ep_max_tokens, ep_owner) ----
+
+def test_moe_ep_fields_and_refusals(contexts):
+    from safecuda._moe import build_desc, ep_local_experts
+    comms = world(contexts, 2)
+    E, H, I_ = 8, 64, 32
+    full = _moe_weights(contexts[0], E=E, H=H, I_=I_)
+    half = dict(router=full["router"],
+                w13=contexts[0].buffer((E // 2, 2 * I_, H), "bf16", label="w13 half"),
+                w2=contexts[0].buffer((E // 2, H, I_), "bf16", label="w2 half"))
+    desc, info = build_desc(half["router"], half["w13"], half["w2"], top_k=2,
+                            ep_comm=comms[0], ep_mode="low_latency", ep_max_tokens=16)
+    assert desc.experts == E and desc.ep_comm == comms[0]._h
+    assert desc.ep_mode == 1 and desc.ep_max_tokens == 16 and not desc.ep_owner
+    assert info.ep_comm is comms[0] and comms[0] in info.keep
+    owner = [e % 2 for e in range(E)]
+    desc, info = build_desc(half["router"], half["w13"], half["w2"], top_k=2,
+                            ep_comm=comms[1], ep_owner=owner)
+    assert [desc.ep_owner[e] for e in range(E)] == owner and desc.ep_mode == 0
+    assert ep_local_experts(E, 2, 0, None) == 4 and ep_local_experts(E, 2, 1, [0] * E) == 0
+    with pytest.raises(ValueError, match=r"ep_owner\[3\] = 2: each expert's rank is 0 .. 1"):
+        build_desc(half["router"], half["w13"], half["w2"], top_k=2, ep_comm=comms[0],
+                   ep_owner=[0, 1, 0, 2, 0, 1, 0, 1])
+    with pytest.raises(ValueError, match="ep_owner has 3 entries; one per expert"):
+        build_desc(half["router"], half["w13"], half["w2"], top_k=2, ep_comm=comms[0],
+                   ep_owner=[0, 1, 0])
+    with pytest.raises(ValueError, match="ep_mode"):
+        build_desc(half["router"], half["w13"], half["w2"], top_k=2, ep_comm=comms[0],
+                   ep_mode="fast")
+    with pytest.raises(ValueError, match="an expert-parallel layer's: give ep_comm"):
+        build_desc(half["router"], half["w13"], half["w2"], top_k=2, ep_max_tokens=4)
+    with pytest.raises(TypeError, match="ep_comm must be a safecuda.Comm"):
+        build_desc(half["router"], half["w13"], half["w2"], top_k=2, ep_comm=5)
+    # the library's checks
+    with pytest.raises(sc.InvalidArgumentError, match="both given: a layer is tensor- or "
+                       "expert-parallel"):
+        sc.MoE(contexts[0], half["router"], half["w13"], half["w2"], top_k=2,
+               tp_comm=comms[0], ep_comm=comms[0])
+    with pytest.raises(sc.InvalidArgumentError, match="rank 0 of 2 holds 4 of the 8"):
+        sc.MoE(contexts[0], full["router"], full["w13"], full["w2"], top_k=2,
+               ep_comm=comms[0])
+    with pytest.raises(sc.WrongContextError, match="desc->ep_comm .* belongs to another context"):
+        sc.MoE(contexts[0], half["router"], half["w13"], half["w2"], top_k=2,
+               ep_comm=comms[1])
+    for b in list(full.values()) + [half["w13"], half["w2"]]:
+        b.close()
+    end(comms)

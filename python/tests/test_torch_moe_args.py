@@ -227,3 +227,35 @@ def test_the_doc_helper_is_the_tests_quantization():
     d = dequantize_fp8_blocks(torch, q, s)
     assert rel_l2(d, w) < 0.05
     assert (q.float().abs().amax(dim=(-1, -2)) <= 448).all()
+
+
+class _Rank:
+    """A stand-in for a safecuda.torch.Comm where only its rank and size are read (the
+    shapes are checked before anything else: a set that passes is refused for its device)."""
+
+    def __init__(self, rank, nranks):
+        self.rank, self.nranks = rank, nranks
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_expert_parallel_shapes_are_the_ranks_experts(fp8):
+    router, w13, w2, opts = tensors(fp8)
+    half = {k: v[: E // 2] for k, v in opts.items() if k in ("w13_scale", "w2_scale")}
+    opts = dict(opts, **half)
+    # rank 1 of 2, contiguous: 4 experts; the router stays [E, H]
+    with pytest.raises(ValueError, match="router_weight is on cpu, not a CUDA device"):
+        make(router, w13[: E // 2], w2[: E // 2], ep_comm=_Rank(1, 2), **opts)
+    # the full experts' tensors on a rank: refused, naming what the rank holds
+    with pytest.raises(ValueError, match=r"w13 must be \[4, 256, 256\] and w2 \[4, 256, 128\] "
+                       r"\(the 4 experts rank 1 of 2 holds of the 8\)"):
+        make(router, w13, w2, ep_comm=_Rank(1, 2), **dict(tensors(fp8)[3]))
+    # a listed map: rank 0 holds experts 0 and 5
+    owner = [0, 1, 1, 1, 1, 0, 1, 1]
+    two = {k: v[:2] for k, v in opts.items() if k in ("w13_scale", "w2_scale")}
+    with pytest.raises(ValueError, match="router_weight is on cpu, not a CUDA device"):
+        make(router, w13[:2], w2[:2], ep_comm=_Rank(0, 2), ep_owner=owner, **dict(opts, **two))
+    with pytest.raises(ValueError, match=r"ep_owner\[2\] = 3: each expert's rank is 0 .. 1"):
+        make(router, w13[:2], w2[:2], ep_comm=_Rank(0, 2), ep_owner=[0, 1, 3, 1, 1, 0, 1, 1],
+             **dict(opts, **two))
+    with pytest.raises(ValueError, match="experts = 8 is not a multiple of ep_comm's 3 ranks"):
+        make(router, w13[:2], w2[:2], ep_comm=_Rank(0, 3), **dict(opts, **two))
