@@ -222,11 +222,12 @@ typedef struct sc_moe_desc {
      *     whole forward; T_r <= ep_max_tokens (1 .. 65536) on every rank. For decode.
      * Every rank must make the same forwards in the same order (each is a collective: the
      * rules of comm.h); opts->expert_ids and expert_weights give the global routing; the
-     * caller's routing (opts->routing_ids, global ids) is sent the same way; profile and
-     * check_routing are not taken (SC_ERR_NOT_SUPPORTED). The fp8 experts' dispatch sends
-     * bf16 rows (each rank quantizes what it receives). sc_moe_route routes over all E
-     * experts and makes no collective. The layer keeps the communicator's handle, as
-     * tp_comm's rules say. */
+     * caller's routing (opts->routing_ids, global ids) is sent the same way; a profile
+     * times the steps (routing, plan, dispatch, the rank's experts, return, combine; it
+     * waits, so not in a capture); check_routing is not taken (SC_ERR_NOT_SUPPORTED). The
+     * fp8 experts' dispatch sends bf16 rows (each rank quantizes what it receives).
+     * sc_moe_route routes over all E experts and makes no collective. The layer keeps the
+     * communicator's handle, as tp_comm's rules say. */
     sc_comm ep_comm;
     sc_moe_ep_mode ep_mode;
     int ep_max_tokens;       /* SC_MOE_EP_LOW_LATENCY: the most tokens a rank's forward takes */

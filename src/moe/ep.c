@@ -376,24 +376,24 @@ static sc_status ready(const sci_moe *m, sc_stream stream, const sc_moe_forward_
     if (s != SC_OK)
         return s;
     sci_registry_release(&cm->obj);
-    if (opts && (opts->profile || opts->check_routing))
+    if (opts && opts->check_routing)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn,
-                        "opts->%s: an expert-parallel layer's forward takes neither a profile "
-                        "nor a routing check",
-                        opts->profile ? "profile" : "check_routing");
+                        "opts->check_routing: an expert-parallel layer's forward takes no "
+                        "routing check (its experts' ids are checked where they are made)");
     if (ep->slab && T > (uint64_t)ep->slab)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "x holds T = %llu tokens: this low-latency expert-parallel layer takes up "
                         "to desc->ep_max_tokens = %d per forward",
                         (unsigned long long)T, ep->slab);
-    if (!ep->slab) {
+    if (!ep->slab || (opts && opts->profile)) {
         sci_stream *st = NULL;
         if ((s = sci_stream_resolve(stream, m->ctx, fn, &st)) != SC_OK)
             return s;
         s = sci_capture_refuse_stream(st, fn,
-                                      "a normal-mode expert-parallel forward, which reads the "
-                                      "ranks' token counts on the host (SC_MOE_EP_LOW_LATENCY "
-                                      "is captured whole),");
+                                      !ep->slab ? "a normal-mode expert-parallel forward, which "
+                                                  "reads the ranks' token counts on the host "
+                                                  "(SC_MOE_EP_LOW_LATENCY is captured whole),"
+                                                : "a profiled forward (it waits for the stream)");
         sci_stream_release(st);
     }
     return s;
@@ -481,7 +481,7 @@ static sc_status plan_exchange(sci_moe *m, sc_stream stream, uint64_t T, exchang
 
 /* The experts' input rows to the rank's experts' layer, their rows back out, the sum. */
 static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_view ids,
-                       sc_view w, uint64_t T, bool accumulate, const char *fn)
+                       sc_view w, uint64_t T, bool accumulate, sci_moe_steps *st, const char *fn)
 {
     sci_moe_ep *ep = m->ep;
     const int N = ep->nranks, k = m->desc.top_k, E = m->desc.experts, H = m->desc.hidden;
@@ -497,7 +497,9 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     sc_status s;
     /* destinations and packet rows (counts zeroed first: the plan writes them all, but a
      * failure in between must not leave the last forward's; with no tokens they stay 0) */
-    if ((s = sc_fill(stream, sc_view_of(b[B_COUNTS]), &zero)) != SC_OK ||
+    if ((s = sci_moe_step(st, ep->slab ? "ep plan + pack" : "ep plan + counts + pack")) !=
+            SC_OK ||
+        (s = sc_fill(stream, sc_view_of(b[B_COUNTS]), &zero)) != SC_OK ||
         (T > 0 && (s = SC_LAUNCH(stream, ep->kernels[K_PLAN], &one_block,
                        sc_arg_in(ids), sc_arg_in(sc_view_of(b[B_MAP])),
                        sc_arg_out(part(b[B_POS], 0, T * (uint64_t)N)),
@@ -522,6 +524,8 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
                        sc_arg_i32(ep->rank))) != SC_OK)
         return s;
     /* dispatch: the packets' rows, ids and weights, in one group */
+    if ((s = sci_moe_step(st, "ep dispatch (all-to-all)")) != SC_OK)
+        return s;
     sc_status g = sc_comm_group_begin();
     if (g != SC_OK)
         return g;
@@ -540,10 +544,14 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     /* the rank's experts over its own tokens (the shared expert's) and those received */
     const sc_moe_forward_desc xo = {.routing_ids = part(b[B_IN_IDS], 0, R * (uint64_t)k),
                                     .routing_weights = part(b[B_IN_W], 0, R * (uint64_t)k)};
+    if ((s = sci_moe_step(st, "ep the rank's experts")) != SC_OK)
+        return s;
     if (R > 0 && (s = sci_moe_run(ep->experts, stream, part(b[B_IN_X], 0, R * (uint64_t)H),
                                   part(b[B_IN_OUT], 0, R * (uint64_t)H), &xo, T, fn)) != SC_OK)
         return s;
     /* combine: the rows back to their ranks, then each token's sum */
+    if ((s = sci_moe_step(st, "ep return (all-to-all)")) != SC_OK)
+        return s;
     if ((s = all_to_all_rows(ep, stream, b[B_BACK], b[B_IN_OUT], (uint64_t)H, &xc, true)) !=
         SC_OK) {
         sci_error_append(" (the return of an expert-parallel layer's rows over desc->ep_comm)");
@@ -551,6 +559,8 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     }
     if (T == 0)
         return SC_OK;
+    if ((s = sci_moe_step(st, "ep combine")) != SC_OK)
+        return s;
     return SC_LAUNCH(stream, ep->kernels[K_COMBINE], &per_token,
                      sc_arg_in(part(b[B_IN_OUT], 0, T * (uint64_t)H)),
                      sc_arg_in(sc_view_of(b[B_BACK])), sc_arg_in(part(b[B_POS], 0, pairs)),
@@ -617,10 +627,11 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
         if ((s = grow(m, 0, T, stream, fn)) == SC_OK && (s = grow(m, 1, send, stream, fn)) == SC_OK)
             s = grow(m, 2, in, stream, fn);
     }
+    sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     const bool caller = rids.buffer.id != 0;
     const sc_view ids = caller ? rids : part(ep->buf[B_IDS], 0, T * k);
     const sc_view w = caller ? rw : part(ep->buf[B_W], 0, T * k);
-    if (s == SC_OK && !caller && T > 0)
+    if (s == SC_OK && !caller && T > 0 && (s = sci_moe_step(&st, "ep routing")) == SC_OK)
         s = sci_moe_route_run(m, stream, xv, ids, w, fn);
     if (s == SC_OK && T > 0 && opts && opts->expert_ids.buffer.id &&
         !sci_moe_same_view(opts->expert_ids, ids))
@@ -629,8 +640,9 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
         !sci_moe_same_view(opts->expert_weights, w))
         s = sc_copy(stream, opts->expert_weights, w);
     if (s == SC_OK)
-        s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, fn);
+        s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, &st, fn);
     pthread_mutex_unlock(&ep->lock);
+    s = sci_moe_steps_finish(&st, s);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)
         sci_error_append(" (in %s)", fn);
     return s;

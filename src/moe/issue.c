@@ -8,7 +8,7 @@
 #include "moe/issue.h"
 #include "moe/tp.h"
 
-static sc_status step(sci_moe_steps *st, const char *name)
+sc_status sci_moe_step(sci_moe_steps *st, const char *name)
 {
     if (!st->prof)
         return SC_OK;
@@ -108,7 +108,7 @@ static sc_status issue_gather(const forward *f)
     const int32_t H = f->m->desc.hidden;
     sc_status s;
     if (f->m->cfg.fp8) {
-        if ((s = step(f->st, "gather + quantize x (fp8)")) != SC_OK ||
+        if ((s = sci_moe_step(f->st, "gather + quantize x (fp8)")) != SC_OK ||
             (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER_FP8], &p->gather,
                            sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)),
                            sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_in(f->x),
@@ -119,7 +119,7 @@ static sc_status issue_gather(const forward *f)
             return s;
         return SC_OK;
     }
-    if ((s = step(f->st, "gather x")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "gather x")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER], &p->gather,
                        sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_in(f->x), sc_arg_out(ws(f, SCI_MOE_W_XPERM)),
@@ -139,7 +139,7 @@ static sc_status issue_route_small(const forward *f)
     const bool sm90 = f->m->cfg.backend == SC_MOE_BACKEND_SM90;
     const sc_moe_route_params rp = route_params(f, 1);
     sc_status s;
-    if ((s = step(f->st, "route (small T)")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "route (small T)")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_ROUTE_SMALL], &p->route, sc_arg_in(f->x),
                        sc_arg_in(f->m->wt[SCI_MOE_WT_ROUTER]),
                        sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_GATE, SCI_MOE_WT_ROUTER)),
@@ -175,7 +175,7 @@ static sc_status issue_scatter(const forward *f)
     const int32_t S = m->cfg.shared;
     sc_status s;
     if (m->cfg.backend == SC_MOE_BACKEND_SM90 && !m->cfg.fp8) {
-        if ((s = step(f->st, "scatter + gather x")) != SC_OK ||
+        if ((s = sci_moe_step(f->st, "scatter + gather x")) != SC_OK ||
             (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER_GATHER], &p->scatter,
                            sc_arg_in(f->ids), sc_arg_in(f->weights),
                            sc_arg_in(ws(f, SCI_MOE_W_SHARED_W)),
@@ -191,7 +191,7 @@ static sc_status issue_scatter(const forward *f)
             return s;
         return SC_OK;
     }
-    if ((s = step(f->st, "scatter")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "scatter")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_SCATTER], &p->scatter, sc_arg_in(f->ids),
                        sc_arg_in(f->weights), sc_arg_in(ws(f, SCI_MOE_W_SHARED_W)),
                        sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_inout(ws(f, SCI_MOE_W_CURSOR)),
@@ -224,13 +224,13 @@ static sc_status issue_topk(const forward *f, sc_view ids, sc_view weights)
     const int32_t zero = 0;
     const sc_moe_route_params rp = route_params(f, p->router_splits);
     sc_status s;
-    if ((s = step(f->st, "zero counts")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "zero counts")) != SC_OK ||
         (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
         return s;
-    if ((s = step(f->st, "router gemm")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "router gemm")) != SC_OK ||
         (s = issue_router(f, f->m->desc.experts, f->m->cfg.logit_cols)) != SC_OK)
         return s;
-    if ((s = step(f->st, "scores + top-k")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "scores + top-k")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_TOPK], &p->topk,
                        sc_arg_in(ws(f, SCI_MOE_W_LOGITS)),
                        sc_arg_in(wt_or_none(f, SCI_MOE_WT_SEL_BIAS)),
@@ -253,20 +253,20 @@ static sc_status issue_count_ids(const forward *f)
     const bool small = p->gate_small.grid.x != 0;
     const sc_moe_route_params rp = route_params(f, gate && !small ? p->router_splits : 1);
     sc_status s;
-    if ((s = step(f->st, "zero counts")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "zero counts")) != SC_OK ||
         (s = sc_fill(f->stream, ws(f, SCI_MOE_W_COUNTS), &zero)) != SC_OK)
         return s;
     if (gate && small &&
-        ((s = step(f->st, "shared gate (small T)")) != SC_OK ||
+        ((s = sci_moe_step(f->st, "shared gate (small T)")) != SC_OK ||
          (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_GATE_SMALL], &p->gate_small,
                         sc_arg_in(f->x), sc_arg_in(m->wt[SCI_MOE_WT_SHARED_GATE]),
                         sc_arg_out(ws(f, SCI_MOE_W_LOGITS)), sc_arg_i32((int32_t)p->tokens),
                         sc_arg_i32(m->desc.hidden))) != SC_OK))
         return s;
     if (gate && !small &&
-        ((s = step(f->st, "shared gate gemm")) != SC_OK || (s = issue_router(f, 0, 1)) != SC_OK))
+        ((s = sci_moe_step(f->st, "shared gate gemm")) != SC_OK || (s = issue_router(f, 0, 1)) != SC_OK))
         return s;
-    if ((s = step(f->st, "count ids")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "count ids")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[SCI_MOE_K_COUNT_IDS], &p->count_ids, sc_arg_in(f->ids),
                        sc_arg_in(ws(f, SCI_MOE_W_LOGITS)), sc_arg_inout(ws(f, SCI_MOE_W_COUNTS)),
                        sc_arg_out(ws(f, SCI_MOE_W_SHARED_W)), sc_arg_inout(sc_view_of(m->fault)),
@@ -282,7 +282,7 @@ static sc_status issue_route(const forward *f, bool caller)
     sc_status s = caller ? issue_count_ids(f) : issue_topk(f, f->ids, f->weights);
     if (s != SC_OK)
         return s;
-    if ((s = step(f->st, "offsets")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "offsets")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_OFFSETS], &p->offsets,
                        sc_arg_in(ws(f, SCI_MOE_W_COUNTS)), sc_arg_out(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_out(ws(f, SCI_MOE_W_TILE_OFF)), sc_arg_out(ws(f, SCI_MOE_W_CURSOR)),
@@ -321,7 +321,7 @@ static sc_status issue_gemms_fp8(const forward *f, const sc_moe_expert_params *q
     const sci_moe_kernel k13 = s13 ? sci_moe_tiles[t].k13s : p->k13;
     const sci_moe_kernel k2 = s2 ? sci_moe_tiles[t].k2s : p->k2;
     sc_status s;
-    if ((s = step(f->st, s13 ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
+    if ((s = sci_moe_step(f->st, s13 ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[k13], &p->w13,
                        sc_arg_tensor_map_in(&m->xperm_map[t]), sc_arg_tensor_map_in(&m->g_map[t]),
                        sc_arg_tensor_map_in(&m->u_map[t]), sc_arg_tensor_map_in(&m->sg_map[t]),
@@ -332,7 +332,7 @@ static sc_status issue_gemms_fp8(const forward *f, const sc_moe_expert_params *q
                        sc_arg_out(ws(f, SCI_MOE_W_HS)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                        sc_arg_i32(rows_per_expert), sc_arg_bytes(q13, sizeof *q13))) != SC_OK)
         return s;
-    if ((s = step(f->st, s2 ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
+    if ((s = sci_moe_step(f->st, s2 ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[k2], &p->w2, sc_arg_tensor_map_in(&m->h_map[t]),
                        sc_arg_tensor_map_in(&m->w2_map[t]), sc_arg_tensor_map_in(&m->sw2_map[t]),
                        sc_arg_in(ws(f, SCI_MOE_W_HS)), sc_arg_in(m->wt[SCI_MOE_WT_W2_SCALE]),
@@ -364,7 +364,7 @@ static sc_status issue_gemms(const forward *f)
                                             : 2 * m->desc.intermediate;
         if (m->cfg.fp8)
             return issue_gemms_fp8(f, &q13, &q2, rows_per_expert);
-        if ((s = step(f->st, q13.kshift ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
+        if ((s = sci_moe_step(f->st, q13.kshift ? sci_moe_tiles[t].step13s : p->step13)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13,
                            sc_arg_tensor_map_in(&m->xperm_map[t]),
                            sc_arg_tensor_map_in(&m->g_map[t]), sc_arg_tensor_map_in(&m->u_map[t]),
@@ -373,7 +373,7 @@ static sc_status issue_gemms(const forward *f)
                            sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)),
                            sc_arg_i32(rows_per_expert), sc_arg_bytes(&q13, sizeof q13))) != SC_OK)
             return s;
-        if ((s = step(f->st, q2.kshift ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
+        if ((s = sci_moe_step(f->st, q2.kshift ? sci_moe_tiles[t].step2s : p->step2)) != SC_OK ||
             (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2,
                            sc_arg_tensor_map_in(&m->h_map[t]),
                            sc_arg_tensor_map_in(&m->w2_map[t]),
@@ -386,14 +386,14 @@ static sc_status issue_gemms(const forward *f)
     }
     const sc_moe_expert_params q13 = expert_params(m, 0, SCI_MOE_WT_W13_BIAS, 0);
     const sc_moe_expert_params q2 = expert_params(m, 0, SCI_MOE_WT_W2_BIAS, 0);
-    if ((s = step(f->st, p->step13)) != SC_OK ||
+    if ((s = sci_moe_step(f->st, p->step13)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[p->k13], &p->w13, sc_arg_in(f->x),
                        sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)), sc_arg_in(m->wt[SCI_MOE_WT_W13]),
                        sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W13, SCI_MOE_WT_W13)), sc_arg_in(b13),
                        sc_arg_out(ws(f, SCI_MOE_W_H)), sc_arg_in(ws(f, SCI_MOE_W_TILE_OFF)),
                        sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_bytes(&q13, sizeof q13))) != SC_OK)
         return s;
-    if ((s = step(f->st, p->step2)) != SC_OK ||
+    if ((s = sci_moe_step(f->st, p->step2)) != SC_OK ||
         (s = SC_LAUNCH(f->stream, m->kernels[p->k2], &p->w2, sc_arg_in(ws(f, SCI_MOE_W_H)),
                        sc_arg_in(m->wt[SCI_MOE_WT_W2]),
                        sc_arg_in(wt_or(f, SCI_MOE_WT_SHARED_W2, SCI_MOE_WT_W2)), sc_arg_in(b2),
@@ -410,7 +410,7 @@ static sc_status issue_combine(const forward *f, const sc_moe_forward_desc *opts
 {
     const sci_moe_plan *p = f->p;
     sc_status s;
-    if ((s = step(f->st, "combine")) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "combine")) != SC_OK ||
         (s = SC_LAUNCH(f->stream, f->m->kernels[SCI_MOE_K_COMBINE], &p->combine,
                        sc_arg_in(ws(f, SCI_MOE_W_Y)), sc_arg_in(ws(f, SCI_MOE_W_POS)),
                        f->accumulate ? sc_arg_inout(f->out) : sc_arg_out(f->out),
@@ -438,7 +438,7 @@ static sc_status issue_tp_residual(const forward *f)
     mine.offset += (uint64_t)m->tp_rank * rows;
     mine.count = rows;
     sc_status s;
-    if ((s = step(f->st, "tp residual")) != SC_OK || (s = sc_fill(f->stream, f->out, &zero)) != SC_OK ||
+    if ((s = sci_moe_step(f->st, "tp residual")) != SC_OK || (s = sc_fill(f->stream, f->out, &zero)) != SC_OK ||
         (s = sc_copy(f->stream, mine, f->tp_out)) != SC_OK)
         sci_error_append(" (putting the residual into the reduce-scattered partial output)");
     return s;
@@ -457,7 +457,7 @@ sc_status sci_moe_issue(forward *f, const sc_moe_forward_desc *opts)
     if (s == SC_OK)
         s = issue_combine(f, opts);
     if (s == SC_OK && f->m->desc.tp_comm.id &&
-        (s = step(f->st, f->m->cfg.tp_scatter ? "tp reduce-scatter" : "tp all-reduce")) == SC_OK)
+        (s = sci_moe_step(f->st, f->m->cfg.tp_scatter ? "tp reduce-scatter" : "tp all-reduce")) == SC_OK)
         s = sci_moe_tp_reduce(&f->m->desc, f->stream, f->m->cfg.tp_scatter ? f->tp_out : f->out,
                               f->out);
     return s;

@@ -16,6 +16,9 @@ typedef struct sci_moe_steps {
     int n;
 } sci_moe_steps;
 
+/* The next step of a profiled forward begins: an event recorded on its stream (nothing
+ * without a profile; steps past SC_MOE_MAX_STEPS are not timed). */
+sc_status sci_moe_step(sci_moe_steps *st, const char *name);
 /* Close the last step, wait, and fill the profile. Destroys the events either way. */
 sc_status sci_moe_steps_finish(sci_moe_steps *st, sc_status s);
 

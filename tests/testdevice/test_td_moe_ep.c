@@ -159,15 +159,24 @@ static void test_forward_refusals(void)
     REQUIRE(sc_buffer_view(r0.w[6], 0, 4 * H, &x4) == SC_OK);
     REQUIRE(sc_buffer_view(r0.w[7], 0, 4 * H, &out4) == SC_OK);
     CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, out4,
-                                 &(sc_moe_forward_desc){.profile = &prof}),
-                  SC_ERR_NOT_SUPPORTED,
-                  "sc_moe_forward: opts->profile: an expert-parallel layer's forward takes "
-                  "neither a profile nor a routing check");
-    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, out4,
                                  &(sc_moe_forward_desc){.check_routing = true}),
                   SC_ERR_NOT_SUPPORTED,
                   "sc_moe_forward: opts->check_routing: an expert-parallel layer's forward takes "
-                  "neither a profile nor a routing check");
+                  "no routing check (its experts' ids are checked where they are made)");
+    {   /* a profile waits: not in a capture, even in low-latency mode */
+        sc_stream s;
+        sc_graph g;
+        REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
+        REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
+        sc_clear_error();
+        CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4,
+                                    &(sc_moe_forward_desc){.profile = &prof}),
+                     SC_ERR_CAPTURE);
+        CHECK_MSG("a profiled forward (it waits for the stream)");
+        CHECK_OK(sc_stream_end_capture(s, &g));
+        CHECK_OK(sc_graph_destroy(g));
+        CHECK_OK(sc_stream_destroy(s));
+    }
     /* the routing alone: over all E experts, no collective */
     sc_buffer ids = buf(ctxs[0], SC_I32, 4 * K, "ids"), wts = buf(ctxs[0], SC_F32, 4 * K, "w");
     CHECK_OK(sc_moe_route(SC_DEFAULT_STREAM, r0.layer, x4, sc_view_of(ids), sc_view_of(wts)));
@@ -207,7 +216,12 @@ static void *rank_forwards(void *arg)
     REQUIRE(sc_buffer_view(normal[r].w[7], 0, T * H, &out) == SC_OK);
     /* Each forward is waited for before the next: the test device runs work enqueued
      * behind an unfinished exchange at once (testdevice/hold.c), which a GPU would not. */
-    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out, NULL));
+    sc_moe_profile prof = {0};
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out,
+                            &(sc_moe_forward_desc){.profile = &prof}));
+    /* the steps: the routing (with tokens), plan, dispatch, experts, return, combine (with) */
+    CHECK(prof.steps == (T ? 6 : 4));
+    CHECK(prof.steps >= 4 && strcmp(prof.name[T ? 2 : 1], "ep dispatch (all-to-all)") == 0);
     CHECK_OK(sc_comm_synchronize(comms[r]));
     CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, normal[r].layer, x, out,
                             &(sc_moe_forward_desc){.accumulate = true}));
