@@ -8,9 +8,13 @@
  *   partial outputs, against the one-GPU layer over the full weights on GPU 0 with T tokens;
  * - expert parallel, normal and low-latency mode (T tokens per rank, each rank its own: the
  *   work of N T tokens): N ranks each with E / N experts, against the one-GPU layer with N T
- *   tokens; low-latency with packets of 128 rows, at T <= 128.
+ *   tokens; low-latency with packets of 128 rows, at T <= 128, its forwards captured in a
+ *   CUDA graph (per T, after one eager forward) and timed as replays.
  * A sample: the ranks meet at a barrier, record a start event, run `reps` forwards, record an
- * end event; a sample's time per forward is the slowest rank's. Warm-up samples first, the
+ * end event; a sample's time per forward is the slowest rank's. For expert parallelism, one
+ * profiled forward after the samples gives the dispatch (the all-to-all of the packets),
+ * return (the all-to-all back) and combine steps' device times, the slowest rank's (from
+ * its profile events: each includes the wait for the slowest peer to join). Warm-up samples first, the
  * median of the timed ones after. Efficiency = t(1 GPU, all the work) / (N x t(N GPUs)): 100 %
  * would be the work split perfectly with free communication. Weights are random (bf16
  * values, e4m3 values without NaN codes, block scales near 0.01) and so is x: the routing is
@@ -99,6 +103,10 @@ typedef struct layer {
     sc_buffer x, out;
     uint64_t H;
     sc_event start, end;
+    bool graphs;         /* low-latency: the forwards timed as replays of a captured one */
+    sc_graph graph;
+    sc_graph_exec exec;
+    uint64_t exec_T;     /* the T captured (0: none) */
 } layer;
 
 /* How a layer splits the work over its n ranks (n = 1: the one-GPU layer). */
@@ -164,8 +172,18 @@ static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, split h
     SC_TRY(sc_stream_synchronize(s));
 }
 
+static void drop_graph(layer *L)
+{
+    if (L->exec_T) {
+        SC_TRY(sc_graph_exec_destroy(L->exec));
+        SC_TRY(sc_graph_destroy(L->graph));
+        L->exec_T = 0;
+    }
+}
+
 static void free_layer(layer *L)
 {
+    drop_graph(L);
     SC_TRY(sc_moe_destroy(L->moe));
     for (int i = 0; i < L->nb; i++)
         SC_TRY(sc_buffer_destroy(L->b[i]));
@@ -182,9 +200,23 @@ static double sample(layer *L, uint64_t T, int reps)
     sc_view x, out;
     SC_TRY(sc_buffer_view(L->x, 0, T * L->H, &x));
     SC_TRY(sc_buffer_view(L->out, 0, T * L->H, &out));
-    SC_TRY(sc_event_record(L->start, L->stream));
-    for (int i = 0; i < reps; i++)
+    if (L->graphs && L->exec_T != T) { /* capture a forward of T tokens (after one eager) */
+        drop_graph(L);
         SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, NULL));
+        SC_TRY(sc_stream_begin_capture(L->stream,
+                                       &(sc_capture_desc){.mode = SC_CAPTURE_THREAD_LOCAL}));
+        SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, NULL));
+        SC_TRY(sc_stream_end_capture(L->stream, &L->graph));
+        SC_TRY(sc_graph_instantiate(L->graph, &L->exec));
+        L->exec_T = T;
+    }
+    SC_TRY(sc_event_record(L->start, L->stream));
+    for (int i = 0; i < reps; i++) {
+        if (L->graphs)
+            SC_TRY(sc_graph_launch(L->stream, L->exec));
+        else
+            SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, NULL));
+    }
     SC_TRY(sc_event_record(L->end, L->stream));
     SC_TRY(sc_event_synchronize(L->end));
     float ms = 0.f;
@@ -202,9 +234,34 @@ static pthread_barrier_t all_barrier, rank_barrier;
 static struct {
     uint64_t T;
     int samples, warmup;
-    bool quit;
+    bool quit, profile; /* profile: one profiled forward after the samples */
 } job;
 static double rank_ms[MAX_GPUS][64];
+static sc_moe_profile rank_prof[MAX_GPUS];
+/* low-latency at T = 128 (the goal's point), the largest over the shapes: dispatch, and the
+ * combine (the return and the sum) */
+static double ll128_dispatch = NAN, ll128_combine = NAN;
+
+/* One profiled forward of T tokens (its steps' device times). */
+static void profile_one(layer *L, uint64_t T, sc_moe_profile *p)
+{
+    sc_view x, out;
+    SC_TRY(sc_buffer_view(L->x, 0, T * L->H, &x));
+    SC_TRY(sc_buffer_view(L->out, 0, T * L->H, &out));
+    memset(p, 0, sizeof *p);
+    SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, &(sc_moe_forward_desc){.profile = p}));
+}
+
+/* The slowest rank's time of the profile step named `name` (0 when no rank has it). */
+static double step_ms(const char *name)
+{
+    double worst = 0;
+    for (int r = 0; r < nranks; r++)
+        for (int i = 0; i < rank_prof[r].steps && i < SC_MOE_MAX_STEPS; i++)
+            if (rank_prof[r].name[i] && strcmp(rank_prof[r].name[i], name) == 0)
+                worst = fmax(worst, rank_prof[r].ms[i]);
+    return worst;
+}
 
 static void *rank_main(void *arg)
 {
@@ -219,6 +276,10 @@ static void *rank_main(void *arg)
             const double ms = sample(L, job.T, reps_for(job.T));
             if (i >= job.warmup)
                 rank_ms[r][i - job.warmup] = ms;
+        }
+        if (job.profile) {
+            pthread_barrier_wait(&rank_barrier);
+            profile_one(L, job.T, &rank_prof[r]);
         }
         pthread_barrier_wait(&all_barrier); /* the samples are written */
     }
@@ -254,8 +315,10 @@ static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *com
                       bool quick, FILE *csv, double *eff_4096_min)
 {
     const uint64_t Tmax = how == EP_LL ? LL_ROWS : tokens[ntok - 1];
-    for (int r = 0; r < nranks; r++)
+    for (int r = 0; r < nranks; r++) {
         make_layer(&ranks[r], ctxs[r], sh, nranks, how, comms[r], Tmax);
+        ranks[r].graphs = how == EP_LL;
+    }
     pthread_t th[MAX_GPUS];
     for (int r = 0; r < nranks; r++)
         if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
@@ -270,8 +333,15 @@ static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *com
         printf("  %s: E / %d experts on each GPU; T tokens per rank (each its own), the one "
                "GPU doing %d T%s\n",
                split_names[how], nranks, nranks,
-               how == EP_LL ? " (packets of 128 rows: T <= 128)" : "");
-    printf("  %8s %12s %12s %11s\n", "T", "1 GPU ms", "N GPUs ms", "efficiency");
+               how == EP_LL ? " (packets of 128 rows: T <= 128; timed as CUDA graph replays, "
+                              "the steps from an eager forward)"
+                            : "");
+    job.profile = how >= EP_NORMAL;
+    if (job.profile)
+        printf("  %8s %12s %12s %11s %12s %12s %12s\n", "T", "1 GPU ms", "N GPUs ms",
+               "efficiency", "dispatch ms", "return ms", "combine ms");
+    else
+        printf("  %8s %12s %12s %11s\n", "T", "1 GPU ms", "N GPUs ms", "efficiency");
     for (int ti = 0; ti < ntok; ti++) {
         const uint64_t T = tokens[ti];
         if (T > Tmax)
@@ -279,12 +349,25 @@ static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *com
         const double base = how == TP ? one[ti] : one_all[ti];
         const double par = run_ranks(T, quick);
         const double eff = base / (nranks * par);
-        printf("  %8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, base, par, 100 * eff);
+        const double dispatch = step_ms("ep dispatch (all-to-all)");
+        const double back = step_ms("ep return (all-to-all)"), comb = step_ms("ep combine");
+        if (job.profile)
+            printf("  %8llu %12.4f %12.4f %10.1f%% %12.4f %12.4f %12.4f\n",
+                   (unsigned long long)T, base, par, 100 * eff, dispatch, back, comb);
+        else
+            printf("  %8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, base, par,
+                   100 * eff);
         if (csv)
-            fprintf(csv, "%s,%d,%s,%llu,%.6f,%.6f,%.4f\n", sh->name, nranks, split_names[how],
-                    (unsigned long long)T, base, par, eff);
+            fprintf(csv, "%s,%d,%s,%llu,%.6f,%.6f,%.4f,%.6f,%.6f,%.6f\n", sh->name, nranks,
+                    split_names[how], (unsigned long long)T, base, par, eff,
+                    job.profile ? dispatch : NAN, job.profile ? back : NAN,
+                    job.profile ? comb : NAN);
         if (T == 4096)
             *eff_4096_min = fmin(*eff_4096_min, eff);
+        if (how == EP_LL && T == 128) {
+            ll128_dispatch = isnan(ll128_dispatch) ? dispatch : fmax(ll128_dispatch, dispatch);
+            ll128_combine = isnan(ll128_combine) ? back + comb : fmax(ll128_combine, back + comb);
+        }
     }
     job.quit = true;
     pthread_barrier_wait(&all_barrier);
@@ -345,7 +428,8 @@ int main(int argc, char **argv)
     char path[4096];
     FILE *csv = bench_open_out(&o, "bench_moe_parallel.csv", path, sizeof path);
     if (csv)
-        fprintf(csv, "layer,gpus,split,tokens_per_rank,one_gpu_ms,parallel_ms,efficiency\n");
+        fprintf(csv, "layer,gpus,split,tokens_per_rank,one_gpu_ms,parallel_ms,efficiency,"
+                     "dispatch_ms,return_ms,combine_ms\n");
     double eff_min[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
     for (size_t si = 0; si < N_SHAPES; si++) {
         const shape *sh = &shapes[si];
@@ -395,7 +479,9 @@ int main(int argc, char **argv)
         printf("\nsummary: %d GPUs: no T = 4096 point measured on a GPU\n", nranks);
     else
         printf("\nsummary: %d GPUs: the lowest scaling efficiency at T = 4096 (per rank): TP "
-               "%.1f%%, EP %.1f%% (goal 80%%)\n",
-               nranks, 100 * eff_min[TP], 100 * eff_min[EP_NORMAL]);
+               "%.1f%%, EP %.1f%% (goal 80%%); EP low-latency at T = 128, the slowest shape: "
+               "dispatch %.1f us, combine %.1f us (return + sum; goal 60 us each on 2 GPUs)\n",
+               nranks, 100 * eff_min[TP], 100 * eff_min[EP_NORMAL], 1000 * ll128_dispatch,
+               1000 * ll128_combine);
     return 0;
 }
