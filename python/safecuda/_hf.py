@@ -11,6 +11,7 @@ import torch
 
 from ._hf_blocks import looks_like_moe, moe_spec
 from ._hf_spec import MoESpec, UnsupportedBlockError
+from ._ep import shard_for_ep
 from ._tp import shard_for_tp
 
 _WEIGHTS = ("router_weight", "w13", "w2", "shared_w13", "shared_w2", "shared_gate")
@@ -82,11 +83,15 @@ def _make_layer_class():
         a forward that would need gradients is refused: the layer is forward-only."""
 
         def __init__(self, block, spec, tensors, *, max_tokens, backend, label,
-                     use_dispatcher, released_bytes=0, name=None, tp_comm=None):
+                     use_dispatcher, released_bytes=0, name=None, tp_comm=None, ep=None):
             kw = spec.kwargs(tensors)
             if tp_comm is not None:  # this rank's shard of I (copies), the partials summed
                 kw = shard_for_tp(kw, tp_comm.rank, tp_comm.nranks)
                 kw["tp_comm"] = tp_comm
+            if ep is not None:  # this rank's experts (copies), each rank's own tokens
+                comm = ep["ep_comm"]
+                kw = shard_for_ep(kw, comm.rank, comm.nranks, ep.get("ep_owner"))
+                kw.update(ep)
             router, w13, w2 = kw.pop("router_weight"), kw.pop("w13"), kw.pop("w2")
             super().__init__(router, w13, w2, max_tokens=max_tokens, backend=backend,
                              label=label, use_dispatcher=use_dispatcher, **kw)
@@ -174,7 +179,9 @@ def layer_class():
 
 
 def from_transformers(block, *, max_tokens=256, backend="auto", release_originals=False,
-                      label=None, use_dispatcher=False, tp_comm=None, _name=None, _spec=None):
+                      label=None, use_dispatcher=False, tp_comm=None, ep_comm=None,
+                      ep_mode="normal", ep_max_tokens=0, ep_owner=None, _name=None,
+                      _spec=None):
     """A safecuda.torch.MoE (TransformersMoE) that computes the transformers MoE block
     `block` (a module instance of a supported family, bf16 or fine-grained FP8, on one CUDA
     device), over the block's own tensors: borrowed where the layouts agree, else copied
@@ -188,7 +195,20 @@ def from_transformers(block, *, max_tokens=256, backend="auto", release_original
     of the communicator holds whole on its own GPU and runs with the same inputs: the layer
     takes this rank's shard of the experts' I (shard_for_tp: copies, 1/N of the experts'
     bytes) and all-reduces the partial outputs, so each rank's block output is the whole
-    one. Every rank must patch the same blocks and run the same forwards."""
+    one. Every rank must patch the same blocks and run the same forwards.
+
+    ep_comm (a safecuda.torch.Comm, this rank's): expert parallelism for a model every rank
+    holds whole on its own GPU and runs with its own inputs (data-parallel attention): the
+    layer keeps this rank's experts (shard_for_ep: copies; ep_owner: each expert's rank, or
+    contiguous blocks), sends each token to the ranks holding its experts and sums what
+    comes back (ep_mode "normal" or "low_latency" with packets of ep_max_tokens rows: see
+    safecuda.torch.MoE). Every rank must run the same number of forwards (a rank without
+    tokens in a step still runs it)."""
+    if tp_comm is not None and ep_comm is not None:
+        raise ValueError("safecuda.torch.from_transformers: tp_comm and ep_comm are both "
+                         "given: a layer is tensor- or expert-parallel, not both")
+    ep = None if ep_comm is None else dict(ep_comm=ep_comm, ep_mode=ep_mode,
+                                           ep_max_tokens=ep_max_tokens, ep_owner=ep_owner)
     spec = _spec if _spec is not None else moe_spec(block)
     check_placement(spec)
     tensors = spec.make_tensors()
@@ -200,7 +220,7 @@ def from_transformers(block, *, max_tokens=256, backend="auto", release_original
     return layer_class()(block, spec, tensors, max_tokens=max_tokens, backend=backend,
                          label=label or f"{spec.family} {_name or spec.block_class}",
                          use_dispatcher=use_dispatcher, released_bytes=released, name=_name,
-                         tp_comm=tp_comm)
+                         tp_comm=tp_comm, ep=ep)
 
 
 class PatchEntry:
@@ -279,7 +299,8 @@ def _model_device(model, who):
 
 
 def patch_model(model, *, max_tokens=256, backend="auto", release_originals=False,
-                strict=False, use_dispatcher=False, tp_comm=None):
+                strict=False, use_dispatcher=False, tp_comm=None, ep_comm=None,
+                ep_mode="normal", ep_max_tokens=0, ep_owner=None):
     """Replace every supported transformers MoE block in model (an nn.Module, on one CUDA
     device, bf16 or fine-grained FP8) by a safecuda layer computing it (from_transformers),
     in place. Returns a PatchReport: each block's module name, family and the bytes
@@ -289,8 +310,9 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
     forward-only (under torch.no_grad() / inference_mode(), as generate() does), under
     torch.compile and in CUDA graphs (max_tokens: the most tokens one forward of a layer
     may take inside a capture). unpatch_model(model) restores the blocks. tp_comm: tensor
-    parallelism over the communicator's ranks, each holding the whole model on its GPU
-    (from_transformers says how)."""
+    parallelism over the communicator's ranks, each holding the whole model on its GPU;
+    ep_comm (with ep_mode, ep_max_tokens, ep_owner): expert parallelism, each rank running
+    the model on its own inputs (from_transformers says how)."""
     who = "safecuda.torch.patch_model"
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{who}: model must be a torch.nn.Module, not {type(model).__name__}")
@@ -304,6 +326,8 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
             layer = from_transformers(m, max_tokens=max_tokens, backend=backend,
                                       release_originals=release_originals,
                                       use_dispatcher=use_dispatcher, tp_comm=tp_comm,
+                                      ep_comm=ep_comm, ep_mode=ep_mode,
+                                      ep_max_tokens=ep_max_tokens, ep_owner=ep_owner,
                                       _name=name, _spec=spec)
             entry.released_bytes = layer.released_bytes
             _set(model, name, layer)

@@ -23,7 +23,9 @@
         declared mutated)
 - from_transformers(block), patch_model(model), unpatch_model(model), moe_spec(block):
   the layer in a Hugging Face transformers model (safecuda/_hf.py); tp_comm= for tensor
-  parallelism, shard_for_tp(kwargs, rank, nranks): a rank's shard of MoE's weights.
+  parallelism, shard_for_tp(kwargs, rank, nranks): a rank's shard of MoE's weights;
+  ep_comm= for expert parallelism, shard_for_ep(kwargs, rank, nranks, owner): a rank's
+  experts.
 - Comm.from_process_group(pg): a communicator (safecuda.Comm) for this rank of a
   torch.distributed process group, its collectives on torch CUDA tensors on torch's current
   stream (all_reduce, reduce_scatter, all_gather, all_to_all, all_to_all_v with split
@@ -72,8 +74,8 @@ if not hasattr(torch.library, "custom_op"):
 
 __all__ = ["Comm", "MoE", "MoESpec", "PatchReport", "TransformersMoE", "UnsupportedBlockError",
            "as_buffer", "as_tensor", "from_transformers", "moe", "moe_accumulate", "moe_route",
-           "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "shard_for_tp",
-           "torch_dtype", "unpatch_model"]
+           "moe_routed", "moe_spec", "moe_with_routing", "patch_model", "shard_for_ep",
+           "shard_for_tp", "torch_dtype", "unpatch_model"]
 
 _layers = {}  # layer id -> _Layer
 _layer_ids = itertools.count(1)
@@ -863,4 +865,5 @@ TransformersMoE = _hf_layer_class()
 
 # Communicators over torch tensors (_torch_comm.py).
 from ._torch_comm import Comm  # noqa: E402
+from ._ep import shard_for_ep  # noqa: E402
 from ._tp import shard_for_tp  # noqa: E402
