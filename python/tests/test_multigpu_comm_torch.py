@@ -4,7 +4,9 @@ on bf16 and f32 CUDA tensors against torch's own results (float64 on the CPU, an
 torch.distributed over the same group); then safecuda.torch.MoE tensor parallel (tp_comm:
 each rank its shard of I) against the one-GPU layer over the full weights on each rank's
 GPU, all-reduced (every rank the whole output) and reduce-scattered (each rank its rows),
-plain and accumulating: relative L2 <= 1e-2; and (with transformers 5) from_transformers and
+plain and accumulating: relative L2 <= 1e-2; safecuda.torch.MoE expert parallel (ep_comm:
+each rank its experts, a listed map, and its own tokens) against the one-GPU layer on the
+same tokens, normal and low-latency, with a step where one rank has none; and (with transformers 5) from_transformers and
 patch_model with tp_comm on small Mixtral and DeepSeek-V3 models (hf_models.py, the same
 random weights on both ranks): each block against the one-GPU layer (relative L2 <= 1e-2),
 the patched model's logits against the one-GPU patched model's (relative L2 <= 2e-2).
@@ -86,6 +88,7 @@ def _worker(rank, port, errors):
                                    counts[rank].tolist())
             assert torch.equal(out.float().cpu(), ref)
         _tp_moe(rank, comm, dev)
+        _ep_moe(rank, comm, dev)
         _tp_transformers(rank, comm, dev)
         comm.synchronize()
         comm.close()
@@ -130,6 +133,42 @@ def _tp_moe(rank, comm, dev):
         assert rel(acc, want_acc[rows]) <= 1e-2, (output, "accumulate", rel(acc, want_acc[rows]))
         torch.cuda.synchronize(dev)
         del tp
+
+
+def _ep_moe(rank, comm, dev):
+    """The expert-parallel layer (this rank's experts, its own tokens) against the full
+    layer on the same tokens, normal and low-latency, and a step where rank 1 has none."""
+    import torch
+
+    import safecuda.torch as sct
+    E, k, H, I_ = 8, 2, 256, 512
+    g = torch.Generator().manual_seed(77)  # the same full weights on every rank
+    router = (torch.randn(E, H, generator=g) / H ** 0.5).to(torch.bfloat16).to(dev)
+    w13 = (torch.randn(E, 2 * I_, H, generator=g) / H ** 0.5).to(torch.bfloat16).to(dev)
+    w2 = (torch.randn(E, H, I_, generator=g) / I_ ** 0.5).to(torch.bfloat16).to(dev)
+    sw13 = (torch.randn(2 * I_, H, generator=g) / H ** 0.5).to(torch.bfloat16).to(dev)
+    sw2 = (torch.randn(H, I_, generator=g) / I_ ** 0.5).to(torch.bfloat16).to(dev)
+    full = sct.MoE(router, w13, w2, top_k=k, shared_w13=sw13, shared_w2=sw2)
+    kw = sct.shard_for_ep(dict(router_weight=router, w13=w13, w2=w2, shared_w13=sw13,
+                               shared_w2=sw2), rank, NRANKS, [e % NRANKS for e in range(E)])
+    r_, w13_r, w2_r = kw.pop("router_weight"), kw.pop("w13"), kw.pop("w2")
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    mine = torch.Generator().manual_seed(500 + rank)  # each rank its own tokens
+    for mode, max_t in (("normal", 0), ("low_latency", 64)):
+        ep = sct.MoE(r_, w13_r, w2_r, top_k=k, ep_comm=comm, ep_mode=mode,
+                     ep_max_tokens=max_t, **kw)
+        for T in (37 + rank, 0 if rank == 1 else 5):
+            x = torch.randn(T, H, generator=mine).to(torch.bfloat16).to(dev)
+            got = ep(x)
+            assert tuple(got.shape) == (T, H)
+            if T:
+                want = full(x)
+                assert rel(got, want) <= 1e-2, (mode, T, rel(got, want))
+        torch.cuda.synchronize(dev)
+        del ep
 
 
 def _tp_transformers(rank, comm, dev):
