@@ -220,11 +220,15 @@ typedef struct sc_moe_desc {
      *   SC_MOE_EP_LOW_LATENCY: every rank pair exchanges a packet of ep_max_tokens rows
      *     (unused rows carry no expert), so nothing waits and a stream capture records the
      *     whole forward; T_r <= ep_max_tokens (1 .. 65536) on every rank. For decode.
-     * Every rank must make the same forwards in the same order (each is a collective: the
-     * rules of comm.h); opts->expert_ids and expert_weights give the global routing; the
+     * Every rank must make the same forwards in the same order (each is a collective), from
+     * a thread (or process) per GPU, not inside sc_comm_group_begin / _end
+     * (SC_ERR_INVALID_ARGUMENT: its exchanges depend on each other); a forward that fails
+     * on one rank after its first exchange aborts ep_comm, so the others return an error
+     * instead of waiting. opts->expert_ids and expert_weights give the global routing; the
      * caller's routing (opts->routing_ids, global ids) is sent the same way; a profile
      * times the steps (routing, plan, dispatch, the rank's experts, return, combine; it
-     * waits, so not in a capture); check_routing is not taken (SC_ERR_NOT_SUPPORTED). The
+     * waits, so not in a capture); check_routing is not taken (SC_ERR_NOT_SUPPORTED: a
+     * caller's id >= E is skipped and recorded for sc_moe_routing_check). The
      * fp8 experts' dispatch sends bf16 rows (each rank quantizes what it receives).
      * sc_moe_route routes over all E experts and makes no collective. The layer keeps the
      * communicator's handle, as tp_comm's rules say. */

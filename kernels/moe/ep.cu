@@ -19,10 +19,12 @@ typedef unsigned short bf16_t;
 
 // Destinations and rows, in one block of SC_MOE_EP_PLAN_THREADS: for each chunk of that
 // many tokens, each thread finds its token's ranks (a bit mask), and a scan over the block
-// per rank gives the rows; counts [N]: the rows sent to each rank (0 to itself).
+// per rank gives the rows; counts [N]: the rows sent to each rank (0 to itself). An id >= E
+// (the caller's routing) goes nowhere; the first is recorded in fault[0 .. 3] = {bad ids
+// seen, token, slot, id}, as the one-GPU layer's count_ids does.
 extern "C" __global__ void __launch_bounds__(SC_MOE_EP_PLAN_THREADS)
-    sc_moe_ep_plan(const int *ids, const int *map, int *pos, int *counts, int T, int k, int E,
-                   int N, int rank)
+    sc_moe_ep_plan(const int *ids, const int *map, int *pos, int *counts, unsigned *fault,
+                   int T, int k, int E, int N, int rank)
 {
     griddep_enter();
     __shared__ int warp_rows[SC_MOE_EP_PLAN_THREADS / 32][SC_MOE_EP_MAX_RANKS];
@@ -37,6 +39,11 @@ extern "C" __global__ void __launch_bounds__(SC_MOE_EP_PLAN_THREADS)
         if (t < T) {
             for (int j = 0; j < k; j++) {
                 const int e = ids[(long long)t * k + j];
+                if (e >= E && atomicAdd(&fault[0], 1u) == 0u) {
+                    fault[1] = (unsigned)t;
+                    fault[2] = (unsigned)j;
+                    fault[3] = (unsigned)e;
+                }
                 if (e >= 0 && e < E && map[e] != rank)
                     mask |= 1u << map[e];
             }

@@ -163,5 +163,7 @@ void sci_comm_call_free(sci_comm_call *call);
 /* group.c: when the calling thread is in a group, take the call (checked; ownership of its
  * counts passes to the group) and answer true with *status; else false. */
 bool sci_comm_group_take(sci_comm_call *call, sc_status *status);
+/* Whether the calling thread is between sc_comm_group_begin and its end. */
+bool sci_comm_group_open(void);
 
 #endif

@@ -49,6 +49,12 @@ static group *get(bool create)
     return g;
 }
 
+bool sci_comm_group_open(void)
+{
+    const group *g = get(false);
+    return g && g->depth > 0;
+}
+
 sc_status sc_comm_group_begin(void)
 {
     group *g = get(true);

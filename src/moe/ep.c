@@ -231,7 +231,11 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
     rd.ep_owner = NULL;
     rd.max_tokens = slab ? (uint64_t)slab : desc->max_tokens;
     sci_moe *m = NULL;
-    if ((s = sci_moe_make(c, &rd, SCI_MOE_MAKE_ROUTE_ONLY, fn, &m)) != SC_OK) {
+    const unsigned rflags = SCI_MOE_MAKE_ROUTE_ONLY |
+                            (desc->shared_intermediate && desc->shared_gate.buffer.id
+                                 ? SCI_MOE_MAKE_GATE_COLUMN
+                                 : 0u);
+    if ((s = sci_moe_make(c, &rd, rflags, fn, &m)) != SC_OK) {
         free(map);
         return s;
     }
@@ -330,6 +334,8 @@ sc_status sci_moe_ep_reserve(sci_moe *m, sc_stream stream, uint64_t max_tokens, 
                         "max_tokens = %llu: a low-latency expert-parallel layer takes up to "
                         "desc->ep_max_tokens = %d tokens per forward",
                         (unsigned long long)max_tokens, ep->slab);
+    if (max_tokens == 0 || !sci_moe_tokens_fit(&m->cfg, max_tokens))
+        return SC_OK; /* (sc_moe_reserve's own check refuses it next) */
     uint64_t send, in;
     rows_for(m, ep->slab ? (uint64_t)ep->slab : max_tokens, &send, &in);
     pthread_mutex_lock(&ep->lock);
@@ -379,7 +385,12 @@ static sc_status ready(const sci_moe *m, sc_stream stream, const sc_moe_forward_
     if (opts && opts->check_routing)
         return sci_fail(SC_ERR_NOT_SUPPORTED, fn,
                         "opts->check_routing: an expert-parallel layer's forward takes no "
-                        "routing check (its experts' ids are checked where they are made)");
+                        "routing check (sc_moe_routing_check after it reports a bad id)");
+    if (sci_comm_group_open())
+        return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                        "an expert-parallel forward inside sc_comm_group_begin / _end: its "
+                        "exchanges depend on each other (counts, then rows, then rows back), "
+                        "so it runs from a thread (or process) per GPU, not in a group");
     if (ep->slab && T > (uint64_t)ep->slab)
         return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
                         "x holds T = %llu tokens: this low-latency expert-parallel layer takes up "
@@ -439,7 +450,7 @@ static sc_status wait_stream(const sci_moe *m, sc_stream stream, const char *fn)
 /* The rows each rank pair exchanges: low-latency, whole packets; normal, the counts the
  * ranks sent each other (read on the host: a wait), the buffers grown to hold them. */
 static sc_status plan_exchange(sci_moe *m, sc_stream stream, uint64_t T, exchange *x,
-                               uint64_t *in_rows, const char *fn)
+                               uint64_t *in_rows, bool *exchanged, const char *fn)
 {
     sci_moe_ep *ep = m->ep;
     const int N = ep->nranks, r = ep->rank;
@@ -449,6 +460,7 @@ static sc_status plan_exchange(sci_moe *m, sc_stream stream, uint64_t T, exchang
     if (!ep->slab) {
         /* (the stream is waited for before the copy, which then reads what the exchange
          * wrote wherever the copy would run) */
+        *exchanged = true;
         if ((s = sc_comm_all_to_all(ep->comm, stream,
                                     part(ep->buf[B_COUNTS], (uint64_t)N, (uint64_t)N),
                                     part(ep->buf[B_COUNTS], 0, (uint64_t)N))) != SC_OK ||
@@ -481,7 +493,8 @@ static sc_status plan_exchange(sci_moe *m, sc_stream stream, uint64_t T, exchang
 
 /* The experts' input rows to the rank's experts' layer, their rows back out, the sum. */
 static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_view ids,
-                       sc_view w, uint64_t T, bool accumulate, sci_moe_steps *st, const char *fn)
+                       sc_view w, uint64_t T, bool accumulate, sci_moe_steps *st,
+                       bool *exchanged, const char *fn)
 {
     sci_moe_ep *ep = m->ep;
     const int N = ep->nranks, k = m->desc.top_k, E = m->desc.experts, H = m->desc.hidden;
@@ -503,12 +516,13 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
         (T > 0 && (s = SC_LAUNCH(stream, ep->kernels[K_PLAN], &one_block,
                        sc_arg_in(ids), sc_arg_in(sc_view_of(b[B_MAP])),
                        sc_arg_out(part(b[B_POS], 0, T * (uint64_t)N)),
-                       sc_arg_out(part(b[B_COUNTS], 0, (uint64_t)N)), sc_arg_i32((int32_t)T),
+                       sc_arg_out(part(b[B_COUNTS], 0, (uint64_t)N)),
+                       sc_arg_inout(sc_view_of(m->fault)), sc_arg_i32((int32_t)T),
                        sc_arg_i32(k), sc_arg_i32(E), sc_arg_i32(N), sc_arg_i32(ep->rank))) != SC_OK))
         return s;
     exchange xc;
     uint64_t R = 0;
-    if ((s = plan_exchange(m, stream, T, &xc, &R, fn)) != SC_OK)
+    if ((s = plan_exchange(m, stream, T, &xc, &R, exchanged, fn)) != SC_OK)
         return s;
     /* low-latency: the packets' unused rows carry no expert */
     if (ep->slab && (s = sc_fill(stream, sc_view_of(b[B_SEND_IDS]), &none)) != SC_OK)
@@ -526,6 +540,7 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     /* dispatch: the packets' rows, ids and weights, in one group */
     if ((s = sci_moe_step(st, "ep dispatch (all-to-all)")) != SC_OK)
         return s;
+    *exchanged = true;
     sc_status g = sc_comm_group_begin();
     if (g != SC_OK)
         return g;
@@ -568,6 +583,25 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
                      accumulate ? sc_arg_inout(out) : sc_arg_out(out), sc_arg_i32((int32_t)T),
                      sc_arg_i32(N), sc_arg_i32(H), sc_arg_i32(ep->slab),
                      sc_arg_i32(accumulate));
+}
+
+/* A failure after the forward's first exchange: the other ranks' exchanges would wait for
+ * this rank's, so the communicator is aborted (they return its error, within its timeout;
+ * the message being reported stays the caller's, with a note). */
+static void abort_exchange(const sci_moe_ep *ep, const char *fn)
+{
+    char *message = sci_error_save();
+    sci_comm *c = NULL;
+    if (sci_comm_acquire(ep->comm, fn, &c) == SC_OK) {
+        sci_comm_lock_device(c->ctx->device);
+        sci_comm_abort_locked(c, SC_ERR_COMM, true,
+                              "an expert-parallel layer's forward failed on this rank after "
+                              "its first exchange (the other ranks' would wait for it)");
+        sci_comm_unlock_device(c->ctx->device);
+        sci_comm_release(c);
+    }
+    sci_error_restore(message);
+    sci_error_append(" (desc->ep_comm was aborted: the other ranks' forwards return an error)");
 }
 
 /* A rank with no tokens this step: x and out both empty views (bf16, of the layer's
@@ -639,8 +673,11 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
     if (s == SC_OK && T > 0 && opts && opts->expert_weights.buffer.id &&
         !sci_moe_same_view(opts->expert_weights, w))
         s = sc_copy(stream, opts->expert_weights, w);
+    bool exchanged = false;
     if (s == SC_OK)
-        s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, &st, fn);
+        s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, &st, &exchanged, fn);
+    if (s != SC_OK && exchanged)
+        abort_exchange(ep, fn);
     pthread_mutex_unlock(&ep->lock);
     s = sci_moe_steps_finish(&st, s);
     if (s != SC_OK && strncmp(sc_last_error(), fn, strlen(fn)) != 0)

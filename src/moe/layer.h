@@ -68,9 +68,11 @@ sc_status sci_moe_check_opts(const sci_moe *m, const sc_moe_forward_desc *opts, 
 uint64_t sci_moe_workspace_total(sci_moe *m);
 
 /* How a layer is made (sci_moe_make): an ordinary one (0), or an expert-parallel layer's
- * parts (ep.c): its routing over all E experts, without experts' weights (ROUTE_ONLY), and
- * its rank's experts, which may be fewer than top_k (EP_EXPERTS). */
-enum { SCI_MOE_MAKE_ROUTE_ONLY = 1, SCI_MOE_MAKE_EP_EXPERTS = 2 };
+ * parts (ep.c): its routing over all E experts, without experts' weights (ROUTE_ONLY; with
+ * GATE_COLUMN, its router GEMM planned with the shared gate's column, unused, as the
+ * one-GPU layer's with a gate is, so that the logits are the same bits), and its rank's
+ * experts, which may be fewer than top_k (EP_EXPERTS). */
+enum { SCI_MOE_MAKE_ROUTE_ONLY = 1, SCI_MOE_MAKE_EP_EXPERTS = 2, SCI_MOE_MAKE_GATE_COLUMN = 4 };
 
 /* Check the layer's shape and options, filling in the defaults (dtype and expert_dtype
  * bf16, routed scaling 1, gpt-oss's activation constants). */

@@ -167,6 +167,8 @@ sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, 
     m->tp_nranks = tp_nranks;
     m->cfg = sci_moe_layer_config(&d, c);
     m->cfg.route_only = flags & SCI_MOE_MAKE_ROUTE_ONLY;
+    if (flags & SCI_MOE_MAKE_GATE_COLUMN) /* planned as the layer with its gate column */
+        m->cfg.logit_cols++;
     pthread_mutex_init(&m->lock, NULL);
     s = load_kernels(m, fn);
     if (s == SC_OK &&
@@ -486,9 +488,11 @@ sc_status sc_moe_reserve(sc_stream stream, sc_moe layer, uint64_t max_tokens)
     if (s != SC_OK)
         return s;
     sci_moe *m = (sci_moe *)obj;
-    s = sci_moe_reserve_run(m, stream, max_tokens, fn);
-    if (s == SC_OK && m->ep)
+    /* (an expert-parallel layer's own checks first: nothing grows when they refuse) */
+    if (m->ep)
         s = sci_moe_ep_reserve(m, stream, max_tokens, fn);
+    if (s == SC_OK)
+        s = sci_moe_reserve_run(m, stream, max_tokens, fn);
     sci_registry_release(obj);
     return s;
 }

@@ -162,7 +162,15 @@ static void test_forward_refusals(void)
                                  &(sc_moe_forward_desc){.check_routing = true}),
                   SC_ERR_NOT_SUPPORTED,
                   "sc_moe_forward: opts->check_routing: an expert-parallel layer's forward takes "
-                  "no routing check (its experts' ids are checked where they are made)");
+                  "no routing check (sc_moe_routing_check after it reports a bad id)");
+    /* not in a group: its exchanges depend on each other */
+    REQUIRE(sc_comm_group_begin() == SC_OK);
+    CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x4, out4, NULL),
+                  SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_forward: an expert-parallel forward inside sc_comm_group_begin / _end: "
+                  "its exchanges depend on each other (counts, then rows, then rows back), so "
+                  "it runs from a thread (or process) per GPU, not in a group");
+    CHECK_OK(sc_comm_group_end());
     {   /* a profile waits: not in a capture, even in low-latency mode */
         sc_stream s;
         sc_graph g;
