@@ -88,15 +88,42 @@ __device__ __forceinline__ long long ep_packet_row(const int *counts, int d, int
     return r;
 }
 
-// The packets: one warp per (token, rank) pair sent: x's row, and the token's routing over
-// that rank's experts (local indices; -1 for a slot whose expert is elsewhere) with the
-// slots' weights. The pair (t, rank) puts the token into row t of the rank's own experts'
-// input (own_x, own_ids, own_w) the same way.
+// One warp quantizes row src [H] into dst_q [H] (e4m3) and dst_s [H / 128] (f32), per 128
+// channels by the rule of util/fp8.cuh, as sc_moe_gather_fp8 would (the same bits).
+__device__ __forceinline__ void ep_quantize_row(const bf16_t *src, unsigned char *dst_q,
+                                                float *dst_s, int H, int lane)
+{
+    for (int b = 0; b < H / 128; b++) {
+        const uint2 v = reinterpret_cast<const uint2 *>(src)[b * 32 + lane];
+        float f[4];
+        f[0] = __uint_as_float(v.x << 16);
+        f[1] = __uint_as_float(v.x & 0xffff0000u);
+        f[2] = __uint_as_float(v.y << 16);
+        f[3] = __uint_as_float(v.y & 0xffff0000u);
+        float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const block_factors fa = fp8_block_factors(amax);
+        const unsigned short lo = fp8_quantize2(f[0], f[1], fa);
+        const unsigned short hi = fp8_quantize2(f[2], f[3], fa);
+        reinterpret_cast<unsigned *>(dst_q)[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
+        if (lane == 0)
+            dst_s[b] = fa.scale;
+    }
+}
+
+// The packets: one warp per (token, rank) pair sent: x's row (fp8 experts: quantized, into
+// the _q and _s buffers, the bf16 ones not written), and the token's routing over that
+// rank's experts (local indices; -1 for a slot whose expert is elsewhere) with the slots'
+// weights. The pair (t, rank) puts the token into row t of the rank's own experts' input
+// (own_*) the same way, its bf16 row too (for the shared gate).
 extern "C" __global__ void sc_moe_ep_pack(const bf16_t *x, const int *ids, const float *weights,
                                           const int *map, const int *pos, const int *counts,
                                           bf16_t *send_x, int *send_ids, float *send_w,
-                                          bf16_t *own_x, int *own_ids, float *own_w, int T, int k,
-                                          int E, int N, int H, int slab, int rank)
+                                          unsigned char *send_q, float *send_s, bf16_t *own_x,
+                                          int *own_ids, float *own_w, unsigned char *own_q,
+                                          float *own_s, int T, int k, int E, int N, int H,
+                                          int slab, int rank, int fp8)
 {
     griddep_enter();
     const long long pair = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -116,6 +143,11 @@ extern "C" __global__ void sc_moe_ep_pack(const bf16_t *x, const int *ids, const
         is[row * k + lane] = e >= 0 && e < E && map[e] == d ? map[E + e] : -1;
         ws[row * k + lane] = weights[(long long)t * k + lane];
     }
+    if (fp8)
+        ep_quantize_row(x + (long long)t * H, (d == rank ? own_q : send_q) + row * H,
+                        (d == rank ? own_s : send_s) + row * (H / 128), H, lane);
+    if (fp8 && d != rank)
+        return;
     const uint4 *src = reinterpret_cast<const uint4 *>(x + (long long)t * H);
     uint4 *dst = reinterpret_cast<uint4 *>(xs + row * H);
     for (int c = lane; c < H / 8; c += 32)

@@ -718,6 +718,29 @@ extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *r
         x_scale[(long long)b * rows_cap + q] = fa.scale;
 }
 
+// The same for rows that come quantized (an expert-parallel layer's dispatch sends e4m3 rows
+// with their per-128-channel scales, made by the same rule): one warp per row and block
+// copies the block's 128 bytes from xq [., H] and its scale from xs [., H / 128] (rows in
+// token order) into x_q and x_scale as sc_moe_gather_fp8 lays them out.
+extern "C" __global__ void sc_moe_gather_q(const int *perm_token, const int *row_offsets,
+                                           const unsigned char *xq, const float *xs,
+                                           unsigned char *x_q, float *x_scale, int rows,
+                                           int groups, int H, int ldx, int xoff, int rows_cap)
+{
+    griddep_enter();
+    const int nb = H / 128;
+    const long long w = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long q = w / nb;
+    const int b = (int)(w - q * nb), lane = threadIdx.x & 31;
+    if (q >= rows || q >= row_offsets[groups])
+        return;
+    const long long t = perm_token[q];
+    reinterpret_cast<unsigned *>(x_q + q * ldx + xoff)[b * 32 + lane] =
+        reinterpret_cast<const unsigned *>(xq + t * H)[b * 32 + lane];
+    if (lane == 0)
+        x_scale[(long long)b * rows_cap + q] = xs[t * nb + b];
+}
+
 // ---- offsets: rows and tiles per group (one block) ---------------------------------------
 //
 // Exclusive scans of the rows (counts; the shared chunks T each: the tokens with a shared

@@ -32,8 +32,10 @@
 
 typedef enum ep_buf {
     B_IDS, B_W, B_POS,                       /* per own token: k, k, N */
-    B_SEND_X, B_SEND_IDS, B_SEND_W, B_BACK,  /* per packet row: H, k, k, H */
-    B_IN_X, B_IN_IDS, B_IN_W, B_IN_OUT,      /* per experts' row: H, k, k, H */
+    B_SEND_X, B_SEND_IDS, B_SEND_W, B_SEND_XQ, B_SEND_XS, B_BACK, /* per packet row: H (not
+                                             * with fp8 experts), k, k, H and H/128 (fp8), H */
+    B_IN_X, B_IN_IDS, B_IN_W, B_IN_XQ, B_IN_XS, B_IN_OUT, /* per experts' row, likewise (x:
+                                             * bf16 always, the shared gate reads it) */
     B_COUNTS,                                /* [2N]: sent to each rank, received from each */
     B_MAP,                                   /* [2E]: each expert's rank, its index there */
     B_COUNT
@@ -46,6 +48,10 @@ static const struct {
     [B_IDS] = {SC_I32, "moe ep routing ids"},      [B_W] = {SC_F32, "moe ep routing weights"},
     [B_POS] = {SC_I32, "moe ep packet rows"},      [B_SEND_X] = {SC_BF16, "moe ep packets"},
     [B_SEND_IDS] = {SC_I32, "moe ep packet ids"},  [B_SEND_W] = {SC_F32, "moe ep packet weights"},
+    [B_SEND_XQ] = {SC_F8E4M3, "moe ep packets (fp8)"},
+    [B_SEND_XS] = {SC_F32, "moe ep packets' scales"},
+    [B_IN_XQ] = {SC_F8E4M3, "moe ep experts' input (fp8)"},
+    [B_IN_XS] = {SC_F32, "moe ep experts' input scales"},
     [B_BACK] = {SC_BF16, "moe ep returned rows"},  [B_IN_X] = {SC_BF16, "moe ep experts' input"},
     [B_IN_IDS] = {SC_I32, "moe ep experts' ids"},  [B_IN_W] = {SC_F32, "moe ep experts' weights"},
     [B_IN_OUT] = {SC_BF16, "moe ep experts' output"}, [B_COUNTS] = {SC_I32, "moe ep counts"},
@@ -72,13 +78,19 @@ typedef struct sci_moe_ep {
 static const struct {
     ep_buf first, last;
 } groups[3] = {{B_IDS, B_POS}, {B_SEND_X, B_BACK}, {B_IN_X, B_IN_OUT}};
+_Static_assert(B_SEND_X == B_POS + 1 && B_IN_X == B_BACK + 1 && B_COUNTS == B_IN_OUT + 1,
+               "each group's buffers one after the other");
 
 static uint64_t per_row(const sci_moe *m, ep_buf b)
 {
     const uint64_t k = (uint64_t)m->desc.top_k, H = (uint64_t)m->desc.hidden;
+    const bool fp8 = m->ep->experts->cfg.fp8; /* the dispatch sends e4m3 rows and scales */
     switch (b) {
     case B_POS: return (uint64_t)m->ep->nranks;
-    case B_SEND_X: case B_BACK: case B_IN_X: case B_IN_OUT: return H;
+    case B_SEND_X: return fp8 ? 0 : H;
+    case B_SEND_XQ: case B_IN_XQ: return fp8 ? H : 0;
+    case B_SEND_XS: case B_IN_XS: return fp8 ? H / SC_MOE_FP8_BLOCK : 0;
+    case B_BACK: case B_IN_X: case B_IN_OUT: return H;
     default: return k;
     }
 }
@@ -499,6 +511,7 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     sci_moe_ep *ep = m->ep;
     const int N = ep->nranks, k = m->desc.top_k, E = m->desc.experts, H = m->desc.hidden;
     const int32_t zero = 0, none = -1;
+    const bool fp8 = ep->experts->cfg.fp8;
     sc_buffer *b = ep->buf;
     const uint64_t pairs = T * (uint64_t)N;
     const sc_launch_desc one_block = {.grid = {1, 1, 1}, .block = {SC_MOE_EP_PLAN_THREADS, 1, 1}};
@@ -530,12 +543,15 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     if (T > 0 && (s = SC_LAUNCH(stream, ep->kernels[K_PACK], &per_pair,
                        sc_arg_in(x), sc_arg_in(ids), sc_arg_in(w), sc_arg_in(sc_view_of(b[B_MAP])),
                        sc_arg_in(part(b[B_POS], 0, pairs)),
-                       sc_arg_in(part(b[B_COUNTS], 0, (uint64_t)N)), sc_arg_out(sc_view_of(b[B_SEND_X])),
-                       sc_arg_out(sc_view_of(b[B_SEND_IDS])), sc_arg_out(sc_view_of(b[B_SEND_W])),
-                       sc_arg_out(sc_view_of(b[B_IN_X])), sc_arg_out(sc_view_of(b[B_IN_IDS])),
-                       sc_arg_out(sc_view_of(b[B_IN_W])), sc_arg_i32((int32_t)T), sc_arg_i32(k),
-                       sc_arg_i32(E), sc_arg_i32(N), sc_arg_i32(H), sc_arg_i32(ep->slab),
-                       sc_arg_i32(ep->rank))) != SC_OK)
+                       sc_arg_in(part(b[B_COUNTS], 0, (uint64_t)N)),
+                       sc_arg_out(sc_view_of(b[B_SEND_X])), sc_arg_out(sc_view_of(b[B_SEND_IDS])),
+                       sc_arg_out(sc_view_of(b[B_SEND_W])), sc_arg_out(sc_view_of(b[B_SEND_XQ])),
+                       sc_arg_out(sc_view_of(b[B_SEND_XS])), sc_arg_out(sc_view_of(b[B_IN_X])),
+                       sc_arg_out(sc_view_of(b[B_IN_IDS])), sc_arg_out(sc_view_of(b[B_IN_W])),
+                       sc_arg_out(sc_view_of(b[B_IN_XQ])), sc_arg_out(sc_view_of(b[B_IN_XS])),
+                       sc_arg_i32((int32_t)T), sc_arg_i32(k), sc_arg_i32(E), sc_arg_i32(N),
+                       sc_arg_i32(H), sc_arg_i32(ep->slab), sc_arg_i32(ep->rank),
+                       sc_arg_i32(fp8))) != SC_OK)
         return s;
     /* dispatch: the packets' rows, ids and weights, in one group */
     if ((s = sci_moe_step(st, "ep dispatch (all-to-all)")) != SC_OK)
@@ -544,7 +560,14 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
     sc_status g = sc_comm_group_begin();
     if (g != SC_OK)
         return g;
-    s = all_to_all_rows(ep, stream, b[B_IN_X], b[B_SEND_X], (uint64_t)H, &xc, false);
+    if (fp8) { /* e4m3 rows and their scales: half the bytes */
+        s = all_to_all_rows(ep, stream, b[B_IN_XQ], b[B_SEND_XQ], (uint64_t)H, &xc, false);
+        if (s == SC_OK)
+            s = all_to_all_rows(ep, stream, b[B_IN_XS], b[B_SEND_XS],
+                                (uint64_t)H / SC_MOE_FP8_BLOCK, &xc, false);
+    } else {
+        s = all_to_all_rows(ep, stream, b[B_IN_X], b[B_SEND_X], (uint64_t)H, &xc, false);
+    }
     if (s == SC_OK)
         s = all_to_all_rows(ep, stream, b[B_IN_IDS], b[B_SEND_IDS], (uint64_t)k, &xc, false);
     if (s == SC_OK)
@@ -561,8 +584,12 @@ static sc_status issue(sci_moe *m, sc_stream stream, sc_view x, sc_view out, sc_
                                     .routing_weights = part(b[B_IN_W], 0, R * (uint64_t)k)};
     if ((s = sci_moe_step(st, "ep the rank's experts")) != SC_OK)
         return s;
+    const sc_view xq = fp8 ? part(b[B_IN_XQ], 0, R * (uint64_t)H) : (sc_view){{0}, 0, 0};
+    const sc_view xs = fp8 ? part(b[B_IN_XS], 0, R * (uint64_t)H / SC_MOE_FP8_BLOCK)
+                           : (sc_view){{0}, 0, 0};
     if (R > 0 && (s = sci_moe_run(ep->experts, stream, part(b[B_IN_X], 0, R * (uint64_t)H),
-                                  part(b[B_IN_OUT], 0, R * (uint64_t)H), &xo, T, fn)) != SC_OK)
+                                  part(b[B_IN_OUT], 0, R * (uint64_t)H), &xo, T, xq, xs,
+                                  fn)) != SC_OK)
         return s;
     /* combine: the rows back to their ranks, then each token's sum */
     if ((s = sci_moe_step(st, "ep return (all-to-all)")) != SC_OK)

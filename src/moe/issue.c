@@ -107,6 +107,19 @@ static sc_status issue_gather(const forward *f)
     const sc_kernel *kn = f->m->kernels;
     const int32_t H = f->m->desc.hidden;
     sc_status s;
+    if (f->m->cfg.fp8 && f->xq.buffer.id) { /* rows that came quantized: copied */
+        if ((s = sci_moe_step(f->st, "gather x (fp8, quantized)")) != SC_OK ||
+            (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER_Q], &p->gather,
+                           sc_arg_in(ws(f, SCI_MOE_W_PERM_TOKEN)),
+                           sc_arg_in(ws(f, SCI_MOE_W_ROW_OFF)), sc_arg_in(f->xq),
+                           sc_arg_in(f->xs), sc_arg_out(ws(f, SCI_MOE_W_XQ)),
+                           sc_arg_out(ws(f, SCI_MOE_W_XS)), sc_arg_i32((int32_t)p->rows),
+                           sc_arg_i32(f->m->cfg.groups), sc_arg_i32(H),
+                           sc_arg_i32(xperm_ld(f->m)), sc_arg_i32(f->m->kshift13),
+                           sc_arg_i32(rows_cap(f->m)))) != SC_OK)
+            return s;
+        return SC_OK;
+    }
     if (f->m->cfg.fp8) {
         if ((s = sci_moe_step(f->st, "gather + quantize x (fp8)")) != SC_OK ||
             (s = SC_LAUNCH(f->stream, kn[SCI_MOE_K_GATHER_FP8], &p->gather,

@@ -33,6 +33,8 @@ typedef struct sci_moe_fwd {
     sc_view tp_out; /* reduce-scattered tensor parallel: the caller's out (out: the partial) */
     uint64_t shared_rows; /* the tokens with the shared expert: all (T) but in an expert-
                            * parallel layer's experts, where the first T rows are its own */
+    sc_view xq, xs;       /* fp8 experts: x's rows already quantized (e4m3 [T, H] and f32
+                           * [T, H/128], an expert-parallel layer's dispatch), or none */
     bool accumulate;
     sci_moe_steps *st;
 } sci_moe_fwd;

@@ -51,9 +51,12 @@ sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, 
 sc_status sci_moe_free(sci_moe *m, const char *fn);
 /* sc_moe_forward's and sc_moe_route's work on a layer (not an expert-parallel one: ep.c
  * calls them on its parts), under fn's name. The first shared_rows tokens of x get the
- * shared expert (UINT64_MAX: all). */
+ * shared expert (UINT64_MAX: all). fp8 experts: xq (e4m3 [T, H]) and xs (f32 [T, H/128]),
+ * when given (buffer ids not 0), are x's rows already quantized by the layer's rule (views
+ * made by the library: not checked), gathered as they are. */
 sc_status sci_moe_run(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
-                      const sc_moe_forward_desc *opts, uint64_t shared_rows, const char *fn);
+                      const sc_moe_forward_desc *opts, uint64_t shared_rows, sc_view xq,
+                      sc_view xs, const char *fn);
 sc_status sci_moe_route_run(sci_moe *m, sc_stream stream, sc_view x, sc_view ids,
                             sc_view weights, const char *fn);
 /* The layer's capacity grown to max_tokens (sc_moe_reserve's work; the lock not held). */

@@ -588,7 +588,8 @@ static sc_status begin(sci_moe *m, sc_stream stream, uint64_t T, bool waits, boo
 }
 
 sc_status sci_moe_run(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
-                      const sc_moe_forward_desc *opts, uint64_t shared_rows, const char *fn)
+                      const sc_moe_forward_desc *opts, uint64_t shared_rows, sc_view xq,
+                      sc_view xs, const char *fn)
 {
     sc_status s;
     sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
@@ -609,6 +610,8 @@ sc_status sci_moe_run(sci_moe *m, sc_stream stream, sc_view x, sc_view out,
         (s = sci_moe_check_opts(m, opts, T, fn, &rids, &rweights)) == SC_OK &&
         (s = begin(m, stream, T, waits, caller, fn, &plan)) == SC_OK) {
         f.shared_rows = shared_rows < T ? shared_rows : T;
+        f.xq = xq;
+        f.xs = xs;
         if (m->cfg.tp_scatter) { /* the partial [T, H] in the workspace, then out */
             f.tp_out = f.out;
             f.out = sc_view_of(m->ws[SCI_MOE_W_TP_PART]);
@@ -647,7 +650,8 @@ sc_status sc_moe_forward(sc_stream stream, sc_moe layer, sc_view x, sc_view out,
         return s;
     sci_moe *m = (sci_moe *)obj;
     s = m->ep ? sci_moe_ep_forward(m, stream, x, out, opts, fn)
-              : sci_moe_run(m, stream, x, out, opts, UINT64_MAX, fn);
+              : sci_moe_run(m, stream, x, out, opts, UINT64_MAX, (sc_view){{0}, 0, 0},
+                            (sc_view){{0}, 0, 0}, fn);
     sci_registry_release(obj);
     return s;
 }

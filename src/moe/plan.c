@@ -24,6 +24,7 @@ const sci_moe_kernel_info sci_moe_kernels[SCI_MOE_K_COUNT] = {
     [SCI_MOE_K_GATHER] = {MOE_CU, "sc_moe_gather", SM90, 0},
     [SCI_MOE_K_GATHER_FP8] = {MOE_CU, "sc_moe_gather_fp8", SM90, 0},
     [SCI_MOE_K_COUNT_IDS] = {MOE_CU, "sc_moe_count_ids", BOTH, 0},
+    [SCI_MOE_K_GATHER_Q] = {MOE_CU, "sc_moe_gather_q", SM90, 0}, /* expert parallel, fp8 */
     [SCI_MOE_K_GATE_SMALL] = {MOE_CU, "sc_moe_gate_small", BOTH, 0},
 /* the kernels' names for weights at an unaligned offset: e4m3's _ks twins, bf16's own */
 #define SHIFTED_NAME_BF16 ""
