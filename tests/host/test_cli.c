@@ -489,6 +489,7 @@ static void test_precompile(void)
     CHECK_RC(runf(ENV "'%s' precompile --arch sm_80 --cache-dir '%s/kc' 2>&1", SAFECUDA_CLI,
                   dir),
              0);
+    CHECK_OUT("moe/ep.cu: cubin for sm_80, ");
     CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
     CHECK_OUT(" bytes, compiled in ");
     CHECK_OUT("moe/moe_sm90a.cu: skipped (for sm_90a only: the library does not use it on "
@@ -497,18 +498,19 @@ static void test_precompile(void)
     CHECK_OUT("util/elementwise.cu: cubin for sm_80, ");
     char summary[512];
     snprintf(summary, sizeof summary,
-             "precompile: 4 files for sm_80 into %s/kc: 3 compiled, 0 from the cache, 1 "
+             "precompile: 5 files for sm_80 into %s/kc: 4 compiled, 0 from the cache, 1 "
              "skipped; ",
              dir);
     CHECK_OUT(summary);
     /* One line per file, in order, then the summary. */
+    const char *e = strstr(out, "moe/ep.cu:");
     const char *a = strstr(out, "moe/moe.cu:"), *b = strstr(out, "moe/moe_sm90a.cu:");
-    const char *c = strstr(out, "util/elementwise.cu:"), *d = strstr(out, "precompile: 4");
-    CHECK(a && b && c && d && a < b && b < c && c < d);
+    const char *c = strstr(out, "util/elementwise.cu:"), *d = strstr(out, "precompile: 5");
+    CHECK(e && a && b && c && d && e < a && a < b && b < c && c < d);
     char kc[300];
     snprintf(kc, sizeof kc, "%s/kc", dir);
     CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
-    CHECK(atoi(out) == 3);
+    CHECK(atoi(out) == 4);
 
     CHECK_RC(runf("SAFECUDA_LIBCUDA=/nonexistent/libcuda.so.1 SAFECUDA_CACHE_DIR='%s' '%s' "
                   "precompile --arch=80 2>&1",
@@ -517,9 +519,9 @@ static void test_precompile(void)
     CHECK_OUT("moe/moe.cu: cubin for sm_80, ");
     CHECK_OUT(" bytes, from the cache in ");
     CHECK_NOT_OUT("compiled in");
-    CHECK_OUT(": 0 compiled, 3 from the cache, 1 skipped; ");
+    CHECK_OUT(": 0 compiled, 4 from the cache, 1 skipped; ");
     CHECK_RC(runf("ls '%s' | wc -l", kc), 0);
-    CHECK(atoi(out) == 3);
+    CHECK(atoi(out) == 4);
 }
 
 static void test_with_a_device(void)
