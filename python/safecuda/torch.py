@@ -192,7 +192,10 @@ class _Layer:
                             top_k=top_k, scoring=scoring, renormalize=renormalize,
                             selection_bias=borrowed["selection_bias"], max_tokens=max_tokens,
                             label=label, backend=backend, **kw)
-            if max_tokens:
+            # (a low-latency expert-parallel layer has room for its ep_max_tokens already,
+            # and takes no more)
+            if max_tokens and not (self.moe.ep_comm is not None and
+                                   self.moe.ep_mode == "low_latency"):
                 self.moe.reserve(max_tokens,
                                  stream=Stream.from_torch(torch.cuda.current_stream(dev),
                                                           context=ctx))
