@@ -94,21 +94,11 @@ __device__ __forceinline__ void ep_quantize_row(const bf16_t *src, unsigned char
                                                 float *dst_s, int H, int lane)
 {
     for (int b = 0; b < H / 128; b++) {
-        const uint2 v = reinterpret_cast<const uint2 *>(src)[b * 32 + lane];
-        float f[4];
-        f[0] = __uint_as_float(v.x << 16);
-        f[1] = __uint_as_float(v.x & 0xffff0000u);
-        f[2] = __uint_as_float(v.y << 16);
-        f[3] = __uint_as_float(v.y & 0xffff0000u);
-        float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const block_factors fa = fp8_block_factors(amax);
-        const unsigned short lo = fp8_quantize2(f[0], f[1], fa);
-        const unsigned short hi = fp8_quantize2(f[2], f[3], fa);
-        reinterpret_cast<unsigned *>(dst_q)[b * 32 + lane] = (unsigned)lo | ((unsigned)hi << 16);
+        float scale;
+        reinterpret_cast<unsigned *>(dst_q)[b * 32 + lane] =
+            quantize_block_bf16x4(reinterpret_cast<const uint2 *>(src)[b * 32 + lane], &scale);
         if (lane == 0)
-            dst_s[b] = fa.scale;
+            dst_s[b] = scale;
     }
 }
 
@@ -173,32 +163,12 @@ extern "C" __global__ void sc_moe_ep_combine(const bf16_t *own, const bf16_t *ba
     for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         uint4 *o = reinterpret_cast<uint4 *>(out + (long long)t * H + c * 8);
-        const uint4 *mine = reinterpret_cast<const uint4 *>(own + (long long)t * H + c * 8);
-        uint4 parts[2] = {accumulate ? *o : make_uint4(0, 0, 0, 0), *mine};
-        for (int q = 0; q < 2; q++) {
-            const unsigned u[4] = {parts[q].x, parts[q].y, parts[q].z, parts[q].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                acc[2 * i] += __uint_as_float(u[i] << 16);
-                acc[2 * i + 1] += __uint_as_float(u[i] & 0xffff0000u);
-            }
-        }
-        for (int d = 0; d < N; d++) {
-            if (rows[d] < 0)
-                continue;
-            const uint4 v = *reinterpret_cast<const uint4 *>(back + rows[d] * H + c * 8);
-            const unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                acc[2 * i] += __uint_as_float(u[i] << 16);
-                acc[2 * i + 1] += __uint_as_float(u[i] & 0xffff0000u);
-            }
-        }
-        uint4 r;
-        r.x = pack_bf16x2(acc[0], acc[1]);
-        r.y = pack_bf16x2(acc[2], acc[3]);
-        r.z = pack_bf16x2(acc[4], acc[5]);
-        r.w = pack_bf16x2(acc[6], acc[7]);
-        *o = r;
+        if (accumulate)
+            load_bf16x8(acc, *o);
+        add_bf16x8(acc, *reinterpret_cast<const uint4 *>(own + (long long)t * H + c * 8));
+        for (int d = 0; d < N; d++)
+            if (rows[d] >= 0)
+                add_bf16x8(acc, *reinterpret_cast<const uint4 *>(back + rows[d] * H + c * 8));
+        *o = pack_bf16x8(acc);
     }
 }

@@ -701,21 +701,11 @@ extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *r
     if (q >= rows || q >= row_offsets[groups])
         return;
     const uint2 v = reinterpret_cast<const uint2 *>(x + (long long)perm_token[q] * H)[b * 32 + lane];
-    float f[4];
-    f[0] = __uint_as_float(v.x << 16);
-    f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16);
-    f[3] = __uint_as_float(v.y & 0xffff0000u);
-    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const block_factors fa = fp8_block_factors(amax); // (util/fp8.cuh: quant.h's rule)
-    const unsigned short lo = fp8_quantize2(f[0], f[1], fa);
-    const unsigned short hi = fp8_quantize2(f[2], f[3], fa);
+    float scale;
     reinterpret_cast<unsigned *>(x_q + q * ldx + xoff)[b * 32 + lane] =
-        (unsigned)lo | ((unsigned)hi << 16);
+        quantize_block_bf16x4(v, &scale);
     if (lane == 0)
-        x_scale[(long long)b * rows_cap + q] = fa.scale;
+        x_scale[(long long)b * rows_cap + q] = scale;
 }
 
 // The same for rows that come quantized (an expert-parallel layer's dispatch sends e4m3 rows
@@ -969,31 +959,12 @@ extern "C" __global__ void sc_moe_combine(const bf16_t *y, const int *pos, bf16_
     for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         uint4 *o = reinterpret_cast<uint4 *>(out + (long long)t * H + c * 8);
-        if (accumulate) {
-            uint4 v = *o;
-            unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc[2 * q] = __uint_as_float(u[q] << 16);
-                acc[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
-            }
-        }
-        for (int j = 0; j < slots; j++) {
-            if (rows[j] < 0)
-                continue;
-            uint4 v = *reinterpret_cast<const uint4 *>(y + (long long)rows[j] * H + c * 8);
-            unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc[2 * q] += __uint_as_float(u[q] << 16);
-                acc[2 * q + 1] += __uint_as_float(u[q] & 0xffff0000u);
-            }
-        }
-        uint4 r;
-        r.x = pack_bf16x2(acc[0], acc[1]);
-        r.y = pack_bf16x2(acc[2], acc[3]);
-        r.z = pack_bf16x2(acc[4], acc[5]);
-        r.w = pack_bf16x2(acc[6], acc[7]);
-        *o = r;
+        if (accumulate)
+            load_bf16x8(acc, *o);
+        for (int j = 0; j < slots; j++)
+            if (rows[j] >= 0)
+                add_bf16x8(acc, *reinterpret_cast<const uint4 *>(y + (long long)rows[j] * H +
+                                                                 c * 8));
+        *o = pack_bf16x8(acc);
     }
 }

@@ -41,6 +41,59 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi)
     return r;
 }
 
+// acc[0 .. 7] = the 8 bf16 values of v (in memory order).
+__device__ __forceinline__ void load_bf16x8(float *acc, uint4 v)
+{
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc[2 * q] = __uint_as_float(u[q] << 16);
+        acc[2 * q + 1] = __uint_as_float(u[q] & 0xffff0000u);
+    }
+}
+
+// acc[0 .. 7] += the 8 bf16 values of v (in memory order).
+__device__ __forceinline__ void add_bf16x8(float *acc, uint4 v)
+{
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc[2 * q] += __uint_as_float(u[q] << 16);
+        acc[2 * q + 1] += __uint_as_float(u[q] & 0xffff0000u);
+    }
+}
+
+// acc[0 .. 7] as 8 bf16 values (round to nearest even).
+__device__ __forceinline__ uint4 pack_bf16x8(const float *acc)
+{
+    uint4 r;
+    r.x = pack_bf16x2(acc[0], acc[1]);
+    r.y = pack_bf16x2(acc[2], acc[3]);
+    r.z = pack_bf16x2(acc[4], acc[5]);
+    r.w = pack_bf16x2(acc[6], acc[7]);
+    return r;
+}
+
+// One warp's 128-channel block of bf16 (each lane's 4 channels in v) quantized to e4m3 by
+// the rule of util/fp8.cuh (the block's largest magnitude amax, the scale amax / 448, 1 when
+// amax is 0; as sc_quantize_fp8_tokens does): the lane's 4 bytes, and the scale in *scale.
+__device__ __forceinline__ unsigned quantize_block_bf16x4(uint2 v, float *scale)
+{
+    float f[4];
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+    float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const block_factors fa = fp8_block_factors(amax);
+    const unsigned short lo = fp8_quantize2(f[0], f[1], fa);
+    const unsigned short hi = fp8_quantize2(f[2], f[3], fa);
+    *scale = fa.scale;
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
 // The group (expert) of M tile m: the last of the groups whose first tile, in the
 // ascending tile_off[0 .. groups - 1], is <= m.
 __device__ __forceinline__ int group_of_tile(const int *tile_off, int groups, int m)
