@@ -192,26 +192,8 @@ static sc_status check_comm(const sc_moe_desc *d, const sci_context *c, const ch
                         "desc->ep_max_tokens = %d is for SC_MOE_EP_LOW_LATENCY (the normal mode "
                         "sends exact counts: leave it 0)",
                         d->ep_max_tokens);
-    sci_comm *cm = NULL;
-    sc_status s = sci_moe_comm_acquire(d->ep_comm, "ep_comm", fn, &cm);
-    if (s != SC_OK)
-        return s;
-    char what[256];
-    sci_comm_describe(cm, what, sizeof what);
-    if (cm->ctx != c)
-        s = sci_fail(SC_ERR_WRONG_CONTEXT, fn,
-                     "desc->ep_comm (%s) belongs to another context than the layer (device %d): "
-                     "a rank's layer is made on its communicator's context",
-                     what, c->device);
-    else if (cm->nranks < 2 || cm->nranks > SC_MOE_EP_MAX_RANKS)
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                     "desc->ep_comm (%s) has %d rank%s: an expert-parallel layer takes 2 .. %d "
-                     "(leave ep_comm zero for a layer on one GPU)",
-                     what, cm->nranks, cm->nranks == 1 ? "" : "s", SC_MOE_EP_MAX_RANKS);
-    *rank = cm->rank;
-    *nranks = cm->nranks;
-    sci_registry_release(&cm->obj);
-    return s;
+    return sci_moe_comm_check(d->ep_comm, "ep_comm", "an expert-parallel", SC_MOE_EP_MAX_RANKS,
+                              c, fn, rank, nranks);
 }
 
 sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *fn, sci_moe **out)

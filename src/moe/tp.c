@@ -26,6 +26,35 @@ sc_status sci_moe_comm_acquire(sc_comm h, const char *field, const char *fn, sci
     return SC_OK;
 }
 
+sc_status sci_moe_comm_check(sc_comm h, const char *field, const char *layer, int max_ranks,
+                             const sci_context *ctx, const char *fn, int *rank, int *nranks)
+{
+    sci_comm *c = NULL;
+    sc_status s = sci_moe_comm_acquire(h, field, fn, &c);
+    if (s != SC_OK)
+        return s;
+    char what[256], takes[32];
+    sci_comm_describe(c, what, sizeof what);
+    if (max_ranks)
+        snprintf(takes, sizeof takes, "2 .. %d", max_ranks);
+    else
+        snprintf(takes, sizeof takes, "2 or more");
+    if (c->ctx != ctx)
+        s = sci_fail(SC_ERR_WRONG_CONTEXT, fn,
+                     "desc->%s (%s) belongs to another context than the layer (device %d): "
+                     "a rank's layer is made on its communicator's context",
+                     field, what, ctx->device);
+    else if (c->nranks < 2 || (max_ranks && c->nranks > max_ranks))
+        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                     "desc->%s (%s) has %d rank%s: %s layer takes %s (leave %s zero for a "
+                     "layer on one GPU)",
+                     field, what, c->nranks, c->nranks == 1 ? "" : "s", layer, takes, field);
+    *rank = c->rank;
+    *nranks = c->nranks;
+    sci_registry_release(&c->obj);
+    return s;
+}
+
 sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const char *fn,
                            int *rank, int *nranks)
 {
@@ -33,27 +62,12 @@ sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const c
     *nranks = 1;
     if (!d->tp_comm.id)
         return SC_OK;
-    sci_comm *c = NULL;
-    sc_status s = sci_moe_comm_acquire(d->tp_comm, "tp_comm", fn, &c);
-    if (s != SC_OK)
-        return s;
-    char what[256];
-    sci_comm_describe(c, what, sizeof what);
-    if (c->ctx != ctx)
-        s = sci_fail(SC_ERR_WRONG_CONTEXT, fn,
-                     "desc->tp_comm (%s) belongs to another context than the layer (device %d): "
-                     "a rank's layer is made on its communicator's context",
-                     what, ctx->device);
-    else if (c->nranks < 2)
-        s = sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
-                     "desc->tp_comm (%s) has 1 rank: a tensor-parallel layer takes 2 or more "
-                     "(leave tp_comm zero for a layer on one GPU)",
-                     what);
-    if (s == SC_OK) {
-        *rank = c->rank;
-        *nranks = c->nranks;
+    sc_status s = sci_moe_comm_check(d->tp_comm, "tp_comm", "a tensor-parallel", 0, ctx, fn,
+                                     rank, nranks);
+    if (s != SC_OK) {
+        *rank = 0;
+        *nranks = 1;
     }
-    sci_registry_release(&c->obj);
     return s;
 }
 

@@ -10,6 +10,11 @@
 /* The communicator of the layer's desc->`field`, acquired (a registry reference) and alive,
  * or a status whose message names the field. */
 sc_status sci_moe_comm_acquire(sc_comm h, const char *field, const char *fn, sci_comm **out);
+/* At create: the communicator h of the layer's desc->`field` alive, of ctx, of 2 or more
+ * ranks (up to max_ranks when not 0; `layer` names the kind in the message: "a
+ * tensor-parallel"); its rank and size come back. */
+sc_status sci_moe_comm_check(sc_comm h, const char *field, const char *layer, int max_ranks,
+                             const sci_context *ctx, const char *fn, int *rank, int *nranks);
 /* At create: tp_comm alive, of ctx, of 2 or more ranks; its rank and size come back (0 and 1
  * without one). */
 sc_status sci_moe_tp_check(const sc_moe_desc *d, const sci_context *ctx, const char *fn,
