@@ -224,33 +224,24 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
     rd.ep_comm = (sc_comm){0};
     rd.ep_owner = NULL;
     rd.max_tokens = slab ? (uint64_t)slab : desc->max_tokens;
-    sci_moe *m = NULL;
     const unsigned rflags = SCI_MOE_MAKE_ROUTE_ONLY |
                             (desc->shared_intermediate && desc->shared_gate.buffer.id
                                  ? SCI_MOE_MAKE_GATE_COLUMN
                                  : 0u);
-    if ((s = sci_moe_make(c, &rd, rflags, fn, &m)) != SC_OK) {
+    /* The routing's weights checked first, then the rank's experts' layer (its weights
+     * checked before any kernel is compiled), then the routing's layer. */
+    sc_moe_desc rc = rd;
+    sc_view rwt[SCI_MOE_WT_COUNT];
+    if ((s = sci_moe_check_desc(&rc, rflags, fn)) != SC_OK ||
+        (s = sci_moe_check_weights(&rc, c, rflags, fn, rwt)) != SC_OK) {
         free(map);
         return s;
     }
-    sci_moe_ep *ep = calloc(1, sizeof *ep);
-    if (!ep) {
-        free(map);
-        sci_moe_free(m, fn);
-        return sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
-    }
-    pthread_mutex_init(&ep->lock, NULL);
-    m->ep = ep;
-    ep->comm = desc->ep_comm;
-    ep->rank = rank;
-    ep->nranks = N;
-    ep->slab = slab;
-    ep->local_experts = local;
     /* The rank's experts: its weights, the shared expert, the routing given to it. */
     sc_moe_desc xd = *desc;
     xd.experts = local;
     xd.router = (sc_buffer){0};
-    xd.router_view = m->wt[SCI_MOE_WT_ROUTER]; /* its first E_r rows: never read */
+    xd.router_view = rwt[SCI_MOE_WT_ROUTER]; /* its first E_r rows: never read */
     xd.router_view.count = (uint64_t)local * (uint64_t)desc->hidden;
     xd.selection_bias = (sc_buffer){0};
     xd.selection_bias_view = xd.router_bias = (sc_view){{0}, 0, 0};
@@ -262,11 +253,35 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
     xd.ep_max_tokens = 0;
     xd.max_tokens = slab ? (uint64_t)slab * (uint64_t)N : 0;
     xd.label = NULL;
-    if ((s = sci_moe_make(c, &xd, SCI_MOE_MAKE_EP_EXPERTS, fn, &ep->experts)) != SC_OK) {
+    sci_moe *experts = NULL, *m = NULL;
+    if ((s = sci_moe_make(c, &xd, SCI_MOE_MAKE_EP_EXPERTS, fn, &experts)) != SC_OK) {
         sci_error_append(" (an expert-parallel layer's w13, w2, their biases and scales hold "
                          "its rank's experts: rank %d of %d holds %d of the %d)",
                          rank, N, local, E);
+        free(map);
+        return s;
     }
+    sci_moe_ep *ep = NULL;
+    if ((s = sci_moe_make(c, &rd, rflags, fn, &m)) != SC_OK ||
+        !(ep = calloc(1, sizeof *ep))) {
+        if (s == SC_OK)
+            s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
+        char *message = sci_error_save();
+        sci_moe_free(experts, fn);
+        if (m)
+            sci_moe_free(m, fn);
+        sci_error_restore(message);
+        free(map);
+        return s;
+    }
+    pthread_mutex_init(&ep->lock, NULL);
+    m->ep = ep;
+    ep->comm = desc->ep_comm;
+    ep->rank = rank;
+    ep->nranks = N;
+    ep->slab = slab;
+    ep->local_experts = local;
+    ep->experts = experts;
     for (int i = 0; i < K_COUNT && s == SC_OK; i++)
         s = sci_builtin_kernel(c, EP_CU, ep_kernel_names[i], fn, &ep->kernels[i]);
     if (s == SC_OK && (s = make_buffer(m, B_COUNTS, 2 * (uint64_t)N, SC_DEFAULT_STREAM, fn)) ==
