@@ -220,11 +220,15 @@ typedef struct sc_moe_desc {
      *   SC_MOE_EP_LOW_LATENCY: every rank pair exchanges a packet of ep_max_tokens rows
      *     (unused rows carry no expert), so nothing waits and a stream capture records the
      *     whole forward; T_r <= ep_max_tokens (1 .. 65536) on every rank. For decode.
-     * Every rank must make the same forwards in the same order (each is a collective), from
-     * a thread (or process) per GPU, not inside sc_comm_group_begin / _end
-     * (SC_ERR_INVALID_ARGUMENT: its exchanges depend on each other); a forward that fails
-     * on one rank after its first exchange aborts ep_comm, so the others return an error
-     * instead of waiting. opts->expert_ids and expert_weights give the global routing; the
+     * The first forward checks that the ranks' layers agree (a small all-gather and a host
+     * wait: E, k, H, I, I_s, the experts' dtype, the mode, ep_max_tokens, the expert map,
+     * the routing and activation options): ranks that differ all return
+     * SC_ERR_INVALID_ARGUMENT naming the field, before any exchange; run it eagerly, not in
+     * a capture (SC_ERR_CAPTURE). Every rank must make the same forwards in the same order
+     * (each is a collective), from a thread (or process) per GPU, not inside
+     * sc_comm_group_begin / _end (SC_ERR_INVALID_ARGUMENT: its exchanges depend on each
+     * other); a forward that fails on one rank after its first exchange aborts ep_comm, so
+     * the others return an error instead of waiting. opts->expert_ids and expert_weights give the global routing; the
      * caller's routing (opts->routing_ids, global ids) is sent the same way; a profile
      * times the steps (routing, plan, dispatch, the rank's experts, return, combine; it
      * waits, so not in a capture); check_routing is not taken (SC_ERR_NOT_SUPPORTED: a

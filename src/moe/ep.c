@@ -38,8 +38,17 @@ typedef enum ep_buf {
                                              * bf16 always, the shared gate reads it) */
     B_COUNTS,                                /* [2N]: sent to each rank, received from each */
     B_MAP,                                   /* [2E]: each expert's rank, its index there */
+    B_AGREE,                                 /* [N x AGREE_FIELDS]: every rank's layer, once */
     B_COUNT
 } ep_buf;
+
+/* What the ranks' layers must agree on, checked by the first forward (agree()). */
+enum { AGREE_FIELDS = 12 };
+static const char *const agree_names[AGREE_FIELDS] = {
+    "the layer kind", "experts", "top_k", "hidden", "intermediate", "shared_intermediate",
+    "expert_dtype", "ep_mode", "ep_max_tokens", "the expert map (ep_owner)",
+    "the routing (scoring, renormalize, n_group, topk_group)",
+    "the experts' activation and w13_layout"};
 
 static const struct {
     sc_dtype dtype;
@@ -56,6 +65,7 @@ static const struct {
     [B_IN_IDS] = {SC_I32, "moe ep experts' ids"},  [B_IN_W] = {SC_F32, "moe ep experts' weights"},
     [B_IN_OUT] = {SC_BF16, "moe ep experts' output"}, [B_COUNTS] = {SC_I32, "moe ep counts"},
     [B_MAP] = {SC_I32, "moe ep expert map"},
+    [B_AGREE] = {SC_I64, "moe ep layers' descriptions"},
 };
 
 enum { K_PLAN, K_PACK, K_COMBINE, K_COUNT };
@@ -63,6 +73,8 @@ static const char *const ep_kernel_names[K_COUNT] = {"sc_moe_ep_plan", "sc_moe_e
                                                      "sc_moe_ep_combine"};
 
 typedef struct sci_moe_ep {
+    int64_t agree[AGREE_FIELDS]; /* this rank's layer, as the first forward compares it */
+    bool agreed;                 /* the ranks' layers were found the same */
     sc_comm comm;
     int rank, nranks;
     int slab;          /* low-latency: rows per packet (ep_max_tokens); 0: normal mode */
@@ -286,9 +298,23 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
         s = sci_builtin_kernel(c, EP_CU, ep_kernel_names[i], fn, &ep->kernels[i]);
     if (s == SC_OK && (s = make_buffer(m, B_COUNTS, 2 * (uint64_t)N, SC_DEFAULT_STREAM, fn)) ==
                           SC_OK &&
+        (s = make_buffer(m, B_AGREE, (uint64_t)N * AGREE_FIELDS, SC_DEFAULT_STREAM, fn)) ==
+            SC_OK &&
         (s = make_buffer(m, B_MAP, 2 * (uint64_t)E, SC_DEFAULT_STREAM, fn)) == SC_OK)
         s = sc_copy_from_host(SC_DEFAULT_STREAM, sc_view_of(ep->buf[B_MAP]), map,
                               2 * (uint64_t)E * sizeof *map);
+    if (s == SC_OK) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of each expert's rank */
+        for (int e = 0; e < E; e++)
+            h = (h ^ (uint64_t)map[e]) * 1099511628211ull;
+        const int64_t fields[AGREE_FIELDS] = {
+            0x4550, E, desc->top_k, desc->hidden, desc->intermediate,
+            desc->shared_intermediate, (int64_t)ep->experts->cfg.fp8, desc->ep_mode, slab,
+            (int64_t)(h >> 1), (int64_t)desc->scoring | (int64_t)desc->renormalize << 4 |
+                                   (int64_t)desc->n_group << 8 | (int64_t)desc->topk_group << 16,
+            (int64_t)desc->activation | (int64_t)desc->w13_layout << 4};
+        memcpy(ep->agree, fields, sizeof fields);
+    }
     free(map);
     /* room for max_tokens (low-latency: ep_max_tokens, all it will take) */
     const uint64_t T0 = slab ? (uint64_t)slab : desc->max_tokens ? desc->max_tokens : 256;
@@ -628,6 +654,49 @@ static void abort_exchange(const sci_moe_ep *ep, const char *fn)
     sci_error_append(" (desc->ep_comm was aborted: the other ranks' forwards return an error)");
 }
 
+/* The first forward: every rank's layer description gathered (a collective, then a host
+ * wait), compared with this rank's; ranks that disagree (a desc that differs, a mode, an
+ * expert map) all find it and all return the error, before any exchange that could not
+ * match. Not in a capture (the first forward runs eagerly). */
+static sc_status agree(sci_moe *m, sc_stream stream, bool *exchanged, const char *fn)
+{
+    sci_moe_ep *ep = m->ep;
+    const int N = ep->nranks;
+    sci_stream *st = NULL;
+    sc_status s = sci_stream_resolve(stream, m->ctx, fn, &st);
+    if (s != SC_OK)
+        return s;
+    s = sci_capture_refuse_stream(st, fn,
+                                  "an expert-parallel layer's first forward, which checks "
+                                  "that the ranks' layers agree (a host wait; run one forward "
+                                  "before capturing),");
+    sci_stream_release(st);
+    if (s != SC_OK)
+        return s;
+    int64_t all[SC_MOE_EP_MAX_RANKS * AGREE_FIELDS];
+    const sc_view mine = part(ep->buf[B_AGREE], (uint64_t)ep->rank * AGREE_FIELDS, AGREE_FIELDS);
+    *exchanged = true;
+    if ((s = sc_copy_from_host(stream, mine, ep->agree, sizeof ep->agree)) != SC_OK ||
+        (s = sc_comm_all_gather(ep->comm, stream, sc_view_of(ep->buf[B_AGREE]), mine)) != SC_OK ||
+        (s = wait_stream(m, stream, fn)) != SC_OK ||
+        (s = sc_copy_to_host(stream, all, (uint64_t)N * sizeof ep->agree,
+                             sc_view_of(ep->buf[B_AGREE]))) != SC_OK)
+        return s;
+    for (int r = 0; r < N; r++)
+        for (int f = 0; f < AGREE_FIELDS; f++)
+            if (all[r * AGREE_FIELDS + f] != ep->agree[f]) {
+                *exchanged = false; /* every rank found it: none waits for another */
+                return sci_fail(SC_ERR_INVALID_ARGUMENT, fn,
+                                "rank %d's expert-parallel layer differs from rank %d's (this "
+                                "one) in %s (%lld, here %lld): every rank makes its layer with "
+                                "the same desc but for its experts' weights",
+                                r, ep->rank, agree_names[f],
+                                (long long)all[r * AGREE_FIELDS + f], (long long)ep->agree[f]);
+            }
+    ep->agreed = true;
+    return SC_OK;
+}
+
 /* A rank with no tokens this step: x and out both empty views (bf16, of the layer's
  * context); it still takes part in the exchanges. SC_ERR_NOT_READY (no message) when x is
  * not empty: the ordinary checks follow. */
@@ -698,6 +767,8 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
         !sci_moe_same_view(opts->expert_weights, w))
         s = sc_copy(stream, opts->expert_weights, w);
     bool exchanged = false;
+    if (s == SC_OK && !ep->agreed)
+        s = agree(m, stream, &exchanged, fn);
     if (s == SC_OK)
         s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, &st, &exchanged, fn);
     if (s != SC_OK && exchanged)

@@ -3,12 +3,12 @@
  * a forward's refusals (before anything is enqueued), and forwards on both ranks, one
  * thread per rank, in both modes: normal (the counts exchanged and read on the host), low
  * latency eager and captured in a graph replayed twice, the caller's routing, different T
- * on each rank, a rank with no tokens (T = 0); ranks whose layers disagree (one normal, one
- * low-latency: the communicator's timeout ends it, every rank returns the error). No kernel
- * runs on the test device, so nothing here says anything about the layer's results
- * (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on GPUs): these check the
- * plumbing: every launch passes its checks, every exchange is one the double accepts (the
- * ranks' counts agree), nothing is misused, nothing leaks. */
+ * on each rank, a rank with no tokens (T = 0); ranks whose layers disagree (both find it at
+ * their first forward and return it), a rank that stops (the communicator's timeout ends the
+ * other's forward). No kernel runs on the test device, so nothing here says anything about
+ * the layer's results (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on
+ * GPUs): these check the plumbing: every launch passes its checks, every exchange is one
+ * the double accepts (the ranks' counts agree), nothing is misused, nothing leaks. */
 #define _GNU_SOURCE
 
 #include "../bf16.h"
@@ -315,63 +315,95 @@ static void test_forwards(int T0, int T1)
     }
 }
 
-/* ---- ranks whose layers disagree: rank 0 in normal mode, rank 1 in low-latency ------------
- * Their exchanges never match: the communicator's timeout aborts it, and every rank's
- * forward (or its synchronize after) returns the error; nothing hangs. */
+/* ---- ranks whose layers disagree, a rank that stops --------------------------------------
+ * Rank 0 in normal mode, rank 1 in low-latency: the first forward's comparison finds it on
+ * both ranks, which both return it at once (no exchange that could not match is made).
+ * Then ranks that agree, and rank 1 makes no forward after the first: rank 0's next one
+ * ends with the communicator's timeout; nothing hangs. */
 static rank_layer mm[N];
 static sc_comm mm_comms[N];
 static sc_status mm_status[N];
 static char mm_message[N][1024];
+static int mm_forwards[N];
 
-static void *rank_mismatched(void *arg)
+static void *rank_forwards_n(void *arg)
 {
     const int r = (int)(intptr_t)arg;
     sc_view x, out;
     REQUIRE(sc_buffer_view(mm[r].w[6], 0, 3 * H, &x) == SC_OK);
     REQUIRE(sc_buffer_view(mm[r].w[7], 0, 3 * H, &out) == SC_OK);
-    sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL);
-    if (s == SC_OK)
-        s = sc_comm_synchronize(mm_comms[r]);
+    sc_status s = SC_OK;
+    for (int i = 0; i < mm_forwards[r] && s == SC_OK; i++)
+        if ((s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL)) == SC_OK)
+            s = sc_comm_synchronize(mm_comms[r]);
     mm_status[r] = s;
     snprintf(mm_message[r], sizeof mm_message[r], "%s", sc_last_error());
     return NULL;
 }
 
-static void test_mismatched_modes(void)
+static void run_pair(bool rank1_low_latency, int forwards0, int forwards1)
 {
-    sc_set_log_callback(test_log_capture, NULL);
     REQUIRE(sc_comm_create_all(ctxs, N, &(sc_comm_all_desc){.timeout_ms = 500,
                                                             .label = "disagree"},
                                mm_comms) == SC_OK);
     for (int r = 0; r < N; r++) {
         sc_moe_desc d = rank_desc(ctxs[r], &mm[r], mm_comms[r], E / N);
-        if (r == 1) {
+        if (r == 1 && rank1_low_latency) {
             d.ep_mode = SC_MOE_EP_LOW_LATENCY;
             d.ep_max_tokens = TMAX;
         }
         REQUIRE(sc_moe_create(ctxs[r], &d, &mm[r].layer) == SC_OK);
     }
-    const double t0 = test_now_s();
+    mm_forwards[0] = forwards0;
+    mm_forwards[1] = forwards1;
     pthread_t th[N];
     for (int r = 0; r < N; r++)
-        REQUIRE(pthread_create(&th[r], NULL, rank_mismatched, (void *)(intptr_t)r) == 0);
+        REQUIRE(pthread_create(&th[r], NULL, rank_forwards_n, (void *)(intptr_t)r) == 0);
     for (int r = 0; r < N; r++)
         pthread_join(th[r], NULL);
-    CHECK(test_now_s() - t0 < 30);
-    for (int r = 0; r < N; r++) {
-        CHECK(mm_status[r] == SC_ERR_TIMEOUT || mm_status[r] == SC_ERR_COMM);
-        CHECK(strstr(mm_message[r], "communicator 'disagree'") != NULL);
-        CHECK(strstr(mm_message[r], "was aborted") != NULL);
-        if (mm_status[r] == SC_OK || !strstr(mm_message[r], "was aborted"))
-            fprintf(stderr, "rank %d: %s: %s\n", r, sc_status_name(mm_status[r]),
-                    mm_message[r]);
-    }
+}
+
+static void end_pair(void)
+{
     for (int r = 0; r < N; r++) {
         CHECK_OK(sc_moe_destroy(mm[r].layer));
         free_rank(&mm[r]);
     }
     for (int r = 0; r < N; r++)
         CHECK_OK(sc_comm_destroy(mm_comms[r]));
+}
+
+static void test_ranks_that_disagree(void)
+{
+    sc_set_log_callback(test_log_capture, NULL);
+    double t0 = test_now_s();
+    run_pair(true, 1, 1);
+    CHECK(test_now_s() - t0 < 0.45); /* found at once, not by the timeout */
+    for (int r = 0; r < N; r++) {
+        char want[300];
+        snprintf(want, sizeof want,
+                 "sc_moe_forward: rank %d's expert-parallel layer differs from rank %d's (this "
+                 "one) in ep_mode (%d, here %d): every rank makes its layer with the same desc "
+                 "but for its experts' weights",
+                 1 - r, r, 1 - r, r);
+        CHECK(mm_status[r] == SC_ERR_INVALID_ARGUMENT);
+        CHECK(strcmp(mm_message[r], want) == 0);
+        if (strcmp(mm_message[r], want) != 0)
+            fprintf(stderr, "rank %d: %s\n  want: %s\n", r, mm_message[r], want);
+    }
+    end_pair();
+    /* rank 1 stops after the first forward */
+    t0 = test_now_s();
+    run_pair(false, 2, 1);
+    const double t = test_now_s() - t0;
+    CHECK(t >= 0.45 && t < 30);
+    CHECK_OK(mm_status[1]);
+    CHECK(mm_status[0] == SC_ERR_TIMEOUT);
+    CHECK(strstr(mm_message[0], "communicator 'disagree'") != NULL);
+    CHECK(strstr(mm_message[0], "did not finish within the timeout of 500 ms") != NULL);
+    if (mm_status[0] != SC_ERR_TIMEOUT)
+        fprintf(stderr, "rank 0: %s: %s\n", sc_status_name(mm_status[0]), mm_message[0]);
+    end_pair();
     sc_set_log_callback(NULL, NULL);
 }
 
@@ -401,7 +433,7 @@ int main(void)
     test_forward_refusals();
     test_forwards(5, 3);
     test_forwards(0, 4);
-    test_mismatched_modes();
+    test_ranks_that_disagree();
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
