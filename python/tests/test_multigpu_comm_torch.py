@@ -9,7 +9,8 @@ each rank its experts, a listed map, and its own tokens) against the one-GPU lay
 same tokens, normal and low-latency, with a step where one rank has none; and (with transformers 5) from_transformers and
 patch_model with tp_comm on small Mixtral and DeepSeek-V3 models (hf_models.py, the same
 random weights on both ranks): each block against the one-GPU layer (relative L2 <= 1e-2),
-the patched model's logits against the one-GPU patched model's (relative L2 <= 2e-2).
+the patched model's logits against the one-GPU patched model's (relative L2 <= 2e-2), and
+patch_model with ep_comm (normal and low-latency; each rank its own ids) likewise.
 
 Not a test_gpu*.py file: the one-GPU check (scripts/gpu-check) collects it and it skips
 there (fewer than 2 GPUs). scripts/gpu-check --gpus N runs it with
@@ -212,6 +213,19 @@ def _tp_transformers(rank, comm, dev):
             tp_logits = model(ids).logits
             assert rel(tp_logits, one) <= 2e-2, (name, "logits", rel(tp_logits, one))
             sct.unpatch_model(model)
+            # expert parallel: each rank its experts and its own inputs (here rank r's ids
+            # shifted by r), against the one-GPU patched model on the same ids
+            mine = (ids + rank) % cfg.vocab_size
+            sct.patch_model(model)
+            want = model(mine).logits
+            sct.unpatch_model(model)
+            for mode in ("normal", "low_latency"):
+                report = sct.patch_model(model, ep_comm=comm, ep_mode=mode,
+                                         ep_max_tokens=64 if mode == "low_latency" else 0)
+                assert len(report.patched) == len(plan.patched), (name, str(report))
+                ep_logits = model(mine).logits
+                assert rel(ep_logits, want) <= 2e-2, (name, mode, rel(ep_logits, want))
+                sct.unpatch_model(model)
         torch.cuda.synchronize(dev)
         del model
 
