@@ -13,8 +13,15 @@
  * Rows: the own tokens' [T, .] buffers (routing ids and weights, pos [T, N]); the packets
  * (send_x, send_ids, send_w and back, the same layout: rank d's packet from row off(d));
  * the experts' input and output (in_x, in_ids, in_w, in_out: the own T rows, then the rows
- * received from each other rank in rank order). Each group grows when a forward needs more
- * (stream-ordered, as the layer's workspace does). */
+ * received from each other rank in rank order). With fp8 experts the packets carry e4m3
+ * rows and their per-128-channel scales instead of bf16 rows (send_xq, send_xs, in_xq,
+ * in_xs), quantized by the layer's own rule. Each group grows when a forward needs more
+ * (stream-ordered, as the layer's workspace does).
+ *
+ * The first forward all-gathers each rank's description of its layer and compares them
+ * (agree()): ranks made with different descs all fail there, before any exchange that
+ * could not match. A failure after the first exchange aborts the communicator, so that the
+ * other ranks' exchanges end with its error instead of waiting. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
