@@ -392,6 +392,17 @@ sc_status sci_moe_ep_reserve(sci_moe *m, sc_stream stream, uint64_t max_tokens, 
     return s;
 }
 
+void sci_moe_ep_describe(const sci_moe *m, char *buf, size_t size)
+{
+    const sci_moe_ep *ep = m->ep;
+    const sci_moe *x = ep->experts;
+    snprintf(buf, size,
+             "E=%d k=%d H=%d I=%d shared %d, expert parallel, rank %d of %d: %d experts, %s",
+             m->desc.experts, m->desc.top_k, m->desc.hidden, x->desc.intermediate,
+             x->desc.shared_intermediate, ep->rank, ep->nranks, ep->local_experts,
+             ep->slab ? "low-lat." : "normal");
+}
+
 uint64_t sci_moe_ep_workspace_bytes(sci_moe *m)
 {
     sci_moe_ep *ep = m->ep;

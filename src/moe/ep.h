@@ -19,6 +19,8 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
                              const sc_moe_forward_desc *opts, const char *fn);
 /* sc_moe_reserve's part for m->ep: room for forwards of up to max_tokens tokens. */
 sc_status sci_moe_ep_reserve(sci_moe *m, sc_stream stream, uint64_t max_tokens, const char *fn);
+/* A leak report's detail of an expert-parallel layer. */
+void sci_moe_ep_describe(const sci_moe *m, char *buf, size_t size);
 /* The bytes of m->ep's buffers and of its experts' layer's workspace. */
 uint64_t sci_moe_ep_workspace_bytes(sci_moe *m);
 

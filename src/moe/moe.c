@@ -21,6 +21,10 @@ static sc_status moe_destroy(sci_object *obj, const char *fn);
 static void describe_moe(const sci_object *obj, sc_object_info *info)
 {
     const sci_moe *m = (const sci_moe *)obj;
+    if (m->ep) {
+        sci_moe_ep_describe(m, info->detail, sizeof info->detail);
+        return;
+    }
     snprintf(info->detail, sizeof info->detail,
              "E=%d k=%d H=%d I=%d shared %d, workspace for %llu tokens", m->desc.experts,
              m->desc.top_k, m->desc.hidden, m->desc.intermediate, m->desc.shared_intermediate,

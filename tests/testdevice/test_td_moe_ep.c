@@ -124,6 +124,20 @@ static void test_create_refusals(void)
     uint64_t bytes = 0;
     CHECK_OK(sc_moe_workspace_bytes(r0.layer, &bytes));
     CHECK(bytes > 0);
+    {   /* what a leak report would say of it: one live layer, its parts not listed */
+        sc_object_info live[64];
+        size_t n = 0, layers = 0;
+        CHECK_OK(sc_context_live_objects(ctxs[0], live, 64, &n));
+        for (size_t i = 0; i < n && i < 64; i++)
+            if (strcmp(live[i].kind, "moe layer") == 0) {
+                layers++;
+                CHECK(strcmp(live[i].detail, "E=16 k=4 H=128 I=64 shared 64, expert parallel, "
+                                             "rank 0 of 2: 8 experts, normal") == 0);
+                if (strstr(live[i].detail, "expert parallel") == NULL)
+                    fprintf(stderr, "detail: %s\n", live[i].detail);
+            }
+        CHECK(layers == 1);
+    }
     CHECK_OK(sc_moe_destroy(r0.layer));
     free_rank(&r0);
     rank_layer r3;
