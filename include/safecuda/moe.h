@@ -232,9 +232,9 @@ typedef struct sc_moe_desc {
      * caller's routing (opts->routing_ids, global ids) is sent the same way; a profile
      * times the steps (routing, plan, dispatch, the rank's experts, return, combine; it
      * waits, so not in a capture); check_routing is not taken (SC_ERR_NOT_SUPPORTED: a
-     * caller's id >= E is skipped and recorded for sc_moe_routing_check). The
-     * fp8 experts' dispatch sends bf16 rows (each rank quantizes what it receives).
-     * sc_moe_route routes over all E experts and makes no collective. The layer keeps the
+     * caller's id >= E is skipped and recorded for sc_moe_routing_check). With fp8 experts
+     * the dispatch sends e4m3 rows and their per-128-channel scales (quantized by the
+     * layer's own rule: the same result, half the bytes). sc_moe_route routes over all E experts and makes no collective. The layer keeps the
      * communicator's handle, as tp_comm's rules say. */
     sc_comm ep_comm;
     sc_moe_ep_mode ep_mode;
