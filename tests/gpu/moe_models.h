@@ -119,4 +119,69 @@ static inline double rel_l2(const uint16_t *got, const uint16_t *want, size_t n)
     return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
 }
 
+/* ---- the rounds: 2 GPUs, then 4 (or --gpus N alone) -------------------------------------- */
+
+#define MOE_MODELS_MAX_RANKS 8
+
+/* One round's layers on n ranks (contexts on devices 0 .. n-1, a communicator over them);
+ * fp8: the device takes fp8 experts (compute capability 9.0). */
+typedef void (*moe_round_fn)(sc_context *ctxs, sc_comm *comms, int n, bool fp8);
+
+/* A multi-GPU test's main: --gpus N (2 .. 8: that many ranks only; other arguments are the
+ * test's own), then a round on 2 GPUs and one on 4 when there are; skipped (77), saying why,
+ * with fewer than 2 GPUs (or N) or without NCCL. `layer` names the layer in the skip line
+ * ("the tensor-parallel layer"); `label` the communicators. The exit status. (A macro: the
+ * GPU check names the test's file.) */
+#define moe_rounds(argc, argv, name, layer, label, round)                                     \
+    moe_rounds_in(test_basename_(__FILE__), argc, argv, name, layer, label, round)
+static inline int moe_rounds_in(const char *file, int argc, char **argv, const char *name,
+                                const char *layer, const char *label, moe_round_fn round)
+{
+    int want = 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--gpus") == 0)
+            want = atoi(argv[i + 1]);
+    if (want < 0 || want > MOE_MODELS_MAX_RANKS) {
+        fprintf(stderr, "%s: --gpus %d: 2 .. %d\n", name, want, MOE_MODELS_MAX_RANKS);
+        return 2;
+    }
+    gpu_presence_require(file);
+    int count = 0;
+    REQUIRE(sc_device_count(&count) == SC_OK);
+    if (count < 2 || (want && count < want)) {
+        printf("%s: skipped: %d GPU%s here; %s needs %d\n", name, count, count == 1 ? "" : "s",
+               layer, want ? want : 2);
+        return 77;
+    }
+    int v = 0;
+    if (sc_comm_library_version(&v) != SC_OK) {
+        printf("%s: skipped: no NCCL: %s\n", name, sc_last_error());
+        return 77;
+    }
+    sc_device_props dp;
+    REQUIRE(sc_device_info(0, &dp) == SC_OK);
+    const bool fp8 = dp.cc_major == 9 && dp.cc_minor == 0;
+    if (!fp8)
+        printf("fp8 experts: skipped (compute capability %d.%d, not 9.0)\n", dp.cc_major,
+               dp.cc_minor);
+    const int rounds[] = {2, 4};
+    for (int k = 0; k < 2; k++) {
+        const int n = want ? want : rounds[k];
+        if (n > count || (want && k > 0))
+            break;
+        sc_context ctxs[MOE_MODELS_MAX_RANKS];
+        sc_comm comms[MOE_MODELS_MAX_RANKS];
+        for (int r = 0; r < n; r++)
+            REQUIRE(sc_context_create(&(sc_context_desc){.device = r}, &ctxs[r]) == SC_OK);
+        REQUIRE(sc_comm_create_all(ctxs, n, &(sc_comm_all_desc){.label = label}, comms) ==
+                SC_OK);
+        round(ctxs, comms, n, fp8);
+        for (int r = 0; r < n; r++)
+            CHECK_OK(sc_comm_destroy(comms[r]));
+        for (int r = 0; r < n; r++)
+            CHECK_OK(sc_context_destroy(ctxs[r]));
+    }
+    return test_result(name);
+}
+
 #endif

@@ -20,7 +20,7 @@
 
 #include "moe_models.h"
 
-#define MAX_RANKS 8
+#define MAX_RANKS MOE_MODELS_MAX_RANKS
 #define LL_ROWS 160 /* the low-latency layers' ep_max_tokens */
 
 /* Expert e's block of `per` elements of esize bytes, for each e of the rank's experts. */
@@ -306,65 +306,29 @@ static void run_model(sc_context *ctxs, sc_comm *comms, int n, model *m, bool li
     free_model(m);
 }
 
+static void round_ep(sc_context *ctxs, sc_comm *comms, int n, bool fp8)
+{
+    model ds = {.name = "deepseek-v3 like bf16", .E = 16, .k = 4, .H = 256, .I = 256,
+                .Is = 512, .shared = true};
+    run_model(ctxs, comms, n, &ds, false);
+    if (quick) {
+        printf("--quick: the fp8 and gpt-oss-like layers left out\n");
+        return;
+    }
+    if (fp8) {
+        model d8 = {.name = "deepseek-v3 like fp8", .E = 16, .k = 4, .H = 256, .I = 256,
+                    .Is = 512, .shared = true, .fp8 = true};
+        run_model(ctxs, comms, n, &d8, false);
+    }
+    model go = {.name = "gpt-oss like bf16", .E = 8, .k = 2, .H = 256, .I = 256,
+                .interleaved = true, .gptoss = true};
+    run_model(ctxs, comms, n, &go, true);
+}
+
 int main(int argc, char **argv)
 {
-    int want = 0;
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && strcmp(argv[i], "--gpus") == 0)
-            want = atoi(argv[i + 1]);
+    for (int i = 1; i < argc; i++)
         quick |= strcmp(argv[i], "--quick") == 0;
-    }
-    if (want < 0 || want > MAX_RANKS) {
-        fprintf(stderr, "test_gpu_moe_ep: --gpus %d: 2 .. %d\n", want, MAX_RANKS);
-        return 2;
-    }
-    gpu_require();
-    int count = 0;
-    REQUIRE(sc_device_count(&count) == SC_OK);
-    if (count < 2 || (want && count < want)) {
-        printf("test_gpu_moe_ep: skipped: %d GPU%s here; the expert-parallel layer needs %d\n",
-               count, count == 1 ? "" : "s", want ? want : 2);
-        return 77;
-    }
-    int v = 0;
-    if (sc_comm_library_version(&v) != SC_OK) {
-        printf("test_gpu_moe_ep: skipped: no NCCL: %s\n", sc_last_error());
-        return 77;
-    }
-    sc_device_props dp;
-    REQUIRE(sc_device_info(0, &dp) == SC_OK);
-    const bool fp8 = dp.cc_major == 9 && dp.cc_minor == 0;
-    const int rounds[] = {2, 4};
-    for (int k = 0; k < 2; k++) {
-        const int n = want ? want : rounds[k];
-        if (n > count || (want && k > 0))
-            break;
-        sc_context ctxs[MAX_RANKS];
-        sc_comm comms[MAX_RANKS];
-        for (int r = 0; r < n; r++)
-            REQUIRE(sc_context_create(&(sc_context_desc){.device = r}, &ctxs[r]) == SC_OK);
-        REQUIRE(sc_comm_create_all(ctxs, n, &(sc_comm_all_desc){.label = "ep"}, comms) == SC_OK);
-        model ds = {.name = "deepseek-v3 like bf16", .E = 16, .k = 4, .H = 256, .I = 256,
-                    .Is = 512, .shared = true};
-        run_model(ctxs, comms, n, &ds, false);
-        if (quick) {
-            printf("--quick: the fp8 and gpt-oss-like layers left out\n");
-        } else if (fp8) {
-            model d8 = {.name = "deepseek-v3 like fp8", .E = 16, .k = 4, .H = 256, .I = 256,
-                        .Is = 512, .shared = true, .fp8 = true};
-            run_model(ctxs, comms, n, &d8, false);
-        } else {
-            printf("fp8 experts: skipped (compute capability %d.%d, not 9.0)\n", dp.cc_major,
-                   dp.cc_minor);
-        }
-        model go = {.name = "gpt-oss like bf16", .E = 8, .k = 2, .H = 256, .I = 256,
-                    .interleaved = true, .gptoss = true};
-        if (!quick)
-            run_model(ctxs, comms, n, &go, true);
-        for (int r = 0; r < n; r++)
-            CHECK_OK(sc_comm_destroy(comms[r]));
-        for (int r = 0; r < n; r++)
-            CHECK_OK(sc_context_destroy(ctxs[r]));
-    }
-    return test_result("test_gpu_moe_ep");
+    return moe_rounds(argc, argv, "test_gpu_moe_ep", "the expert-parallel layer", "ep",
+                      round_ep);
 }
