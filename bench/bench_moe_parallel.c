@@ -14,7 +14,11 @@
  * end event; a sample's time per forward is the slowest rank's. For expert parallelism, one
  * profiled forward after the samples gives the dispatch (the all-to-all of the packets),
  * return (the all-to-all back) and combine steps' device times, the slowest rank's (from
- * its profile events: each includes the wait for the slowest peer to join). Warm-up samples first, the
+ * its profile events: each includes the wait for the slowest peer to join), and "dispatch
+ * GB/s": the bytes a rank's dispatch sends (the mean over the ranks: each token once to
+ * every other rank holding one of its experts, from that forward's routing, x's row with
+ * its k ids and weights; low-latency: whole packets) / the dispatch time: per rank and
+ * without its own share, comparable with bench_comm's all-to-all bus bandwidth. Warm-up samples first, the
  * median of the timed ones after. Efficiency = t(1 GPU, all the work) / (N x t(N GPUs)): 100 %
  * would be the work split perfectly with free communication. Weights are random (bf16
  * values, e4m3 values without NaN codes, block scales near 0.01) and so is x: the routing is
@@ -107,6 +111,11 @@ typedef struct layer {
     sc_graph graph;
     sc_graph_exec exec;
     uint64_t exec_T;     /* the T captured (0: none) */
+    /* expert parallel: the routing of the profiled forward (i32 [Tmax, k]), and what the
+     * rank's dispatch sends: bytes per row, the rank, E, k, the packet rows (low-latency) */
+    sc_buffer ids;
+    uint64_t row_bytes, slab;
+    int rank, E, k;
 } layer;
 
 /* How a layer splits the work over its n ranks (n = 1: the one-GPU layer). */
@@ -163,6 +172,20 @@ static void make_layer(layer *L, sc_context ctx, const shape *sh, int n, split h
     }
     SC_TRY(sc_moe_create(ctx, &d, &L->moe));
     L->x = rnd(ctx, s, SC_BF16, Tmax * H, "x");
+    if (how >= EP_NORMAL) {
+        SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_I32,
+                                                       .count = Tmax * (uint64_t)sh->k,
+                                                       .label = "routing"},
+                                &L->ids));
+        /* a row: x (bf16, or e4m3 with an f32 scale per 128), its k ids and weights */
+        L->row_bytes = (sh->fp8 ? H + H / 128 * 4 : 2 * H) + 8 * (uint64_t)sh->k;
+        L->slab = how == EP_LL ? LL_ROWS : 0;
+        L->E = sh->E;
+        L->k = sh->k;
+        sc_comm_props cp;
+        SC_TRY(sc_comm_info(comm, &cp));
+        L->rank = cp.rank;
+    }
     SC_TRY(sc_buffer_create(ctx, &(sc_buffer_desc){.dtype = SC_BF16, .count = Tmax * H, .label = "out"},
                             &L->out));
     if (how != EP_LL)
@@ -184,6 +207,8 @@ static void drop_graph(layer *L)
 static void free_layer(layer *L)
 {
     drop_graph(L);
+    if (L->ids.id)
+        SC_TRY(sc_buffer_destroy(L->ids));
     SC_TRY(sc_moe_destroy(L->moe));
     for (int i = 0; i < L->nb; i++)
         SC_TRY(sc_buffer_destroy(L->b[i]));
@@ -238,18 +263,39 @@ static struct {
 } job;
 static double rank_ms[MAX_GPUS][64];
 static sc_moe_profile rank_prof[MAX_GPUS];
+static double rank_sent[MAX_GPUS]; /* bytes the rank's profiled dispatch sent */
 /* low-latency at T = 128 (the goal's point), the largest over the shapes: dispatch, and the
  * combine (the return and the sum) */
 static double ll128_dispatch = NAN, ll128_combine = NAN;
 
-/* One profiled forward of T tokens (its steps' device times). */
-static void profile_one(layer *L, uint64_t T, sc_moe_profile *p)
+/* One profiled forward of T tokens (its steps' device times), and the bytes its dispatch
+ * sent: each token once to every other rank holding one of its experts (E / N contiguous
+ * experts per rank), or whole packets in low-latency mode. */
+static double profile_one(layer *L, uint64_t T, int n, sc_moe_profile *p)
 {
-    sc_view x, out;
+    sc_view x, out, ids;
     SC_TRY(sc_buffer_view(L->x, 0, T * L->H, &x));
     SC_TRY(sc_buffer_view(L->out, 0, T * L->H, &out));
+    SC_TRY(sc_buffer_view(L->ids, 0, T * (uint64_t)L->k, &ids));
     memset(p, 0, sizeof *p);
-    SC_TRY(sc_moe_forward(L->stream, L->moe, x, out, &(sc_moe_forward_desc){.profile = p}));
+    SC_TRY(sc_moe_forward(L->stream, L->moe, x, out,
+                          &(sc_moe_forward_desc){.profile = p, .expert_ids = ids}));
+    if (L->slab)
+        return (double)(n - 1) * (double)L->slab * (double)L->row_bytes;
+    int32_t *h = bench_xmalloc(T * (uint64_t)L->k * sizeof *h);
+    SC_TRY(sc_copy_to_host(L->stream, h, T * (uint64_t)L->k * sizeof *h, ids));
+    uint64_t rows = 0;
+    for (uint64_t t = 0; t < T; t++) {
+        unsigned mask = 0;
+        for (int j = 0; j < L->k; j++) {
+            const int e = h[t * (uint64_t)L->k + (uint64_t)j];
+            if (e >= 0 && e < L->E && e / (L->E / n) != L->rank)
+                mask |= 1u << (e / (L->E / n));
+        }
+        rows += (uint64_t)__builtin_popcount(mask);
+    }
+    free(h);
+    return (double)rows * (double)L->row_bytes;
 }
 
 /* The slowest rank's time of the profile step named `name` (0 when no rank has it). */
@@ -279,7 +325,7 @@ static void *rank_main(void *arg)
         }
         if (job.profile) {
             pthread_barrier_wait(&rank_barrier);
-            profile_one(L, job.T, &rank_prof[r]);
+            rank_sent[r] = profile_one(L, job.T, nranks, &rank_prof[r]);
         }
         pthread_barrier_wait(&all_barrier); /* the samples are written */
     }
@@ -338,8 +384,8 @@ static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *com
                             : "");
     job.profile = how >= EP_NORMAL;
     if (job.profile)
-        printf("  %8s %12s %12s %11s %12s %12s %12s\n", "T", "1 GPU ms", "N GPUs ms",
-               "efficiency", "dispatch ms", "return ms", "combine ms");
+        printf("  %8s %12s %12s %11s %12s %12s %12s %14s\n", "T", "1 GPU ms", "N GPUs ms",
+               "efficiency", "dispatch ms", "return ms", "combine ms", "dispatch GB/s");
     else
         printf("  %8s %12s %12s %11s\n", "T", "1 GPU ms", "N GPUs ms", "efficiency");
     for (int ti = 0; ti < ntok; ti++) {
@@ -351,17 +397,21 @@ static void run_split(const shape *sh, split how, sc_context *ctxs, sc_comm *com
         const double eff = base / (nranks * par);
         const double dispatch = step_ms("ep dispatch (all-to-all)");
         const double back = step_ms("ep return (all-to-all)"), comb = step_ms("ep combine");
+        double sent = 0; /* bytes per rank, the mean */
+        for (int r = 0; r < nranks; r++)
+            sent += rank_sent[r] / nranks;
+        const double gbs = dispatch > 0 ? sent / (dispatch * 1e6) : NAN;
         if (job.profile)
-            printf("  %8llu %12.4f %12.4f %10.1f%% %12.4f %12.4f %12.4f\n",
-                   (unsigned long long)T, base, par, 100 * eff, dispatch, back, comb);
+            printf("  %8llu %12.4f %12.4f %10.1f%% %12.4f %12.4f %12.4f %14.1f\n",
+                   (unsigned long long)T, base, par, 100 * eff, dispatch, back, comb, gbs);
         else
             printf("  %8llu %12.4f %12.4f %10.1f%%\n", (unsigned long long)T, base, par,
                    100 * eff);
         if (csv)
-            fprintf(csv, "%s,%d,%s,%llu,%.6f,%.6f,%.4f,%.6f,%.6f,%.6f\n", sh->name, nranks,
-                    split_names[how], (unsigned long long)T, base, par, eff,
+            fprintf(csv, "%s,%d,%s,%llu,%.6f,%.6f,%.4f,%.6f,%.6f,%.6f,%.2f\n", sh->name,
+                    nranks, split_names[how], (unsigned long long)T, base, par, eff,
                     job.profile ? dispatch : NAN, job.profile ? back : NAN,
-                    job.profile ? comb : NAN);
+                    job.profile ? comb : NAN, job.profile ? gbs : NAN);
         if (T == 4096)
             *eff_4096_min = fmin(*eff_4096_min, eff);
         if (how == EP_LL && T == 128) {
@@ -429,7 +479,7 @@ int main(int argc, char **argv)
     FILE *csv = bench_open_out(&o, "bench_moe_parallel.csv", path, sizeof path);
     if (csv)
         fprintf(csv, "layer,gpus,split,tokens_per_rank,one_gpu_ms,parallel_ms,efficiency,"
-                     "dispatch_ms,return_ms,combine_ms\n");
+                     "dispatch_ms,return_ms,combine_ms,dispatch_gbs\n");
     double eff_min[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
     for (size_t si = 0; si < N_SHAPES; si++) {
         const shape *sh = &shapes[si];
