@@ -202,13 +202,18 @@ def from_transformers(block, *, max_tokens=256, backend="auto", release_original
     layer keeps this rank's experts (shard_for_ep: copies; ep_owner: each expert's rank, or
     contiguous blocks), sends each token to the ranks holding its experts and sums what
     comes back (ep_mode "normal" or "low_latency" with packets of ep_max_tokens rows: see
-    safecuda.torch.MoE). Every rank must run the same number of forwards (a rank without
-    tokens in a step still runs it)."""
+    safecuda.torch.MoE; low_latency without ep_max_tokens: packets of max_tokens rows).
+    Every rank must run the same number of forwards (a rank without tokens in a step still
+    runs it), the first one eagerly (it checks that the ranks' layers agree); the layer's
+    forward is a graph break under torch.compile."""
     if tp_comm is not None and ep_comm is not None:
         raise ValueError("safecuda.torch.from_transformers: tp_comm and ep_comm are both "
                          "given: a layer is tensor- or expert-parallel, not both")
-    ep = None if ep_comm is None else dict(ep_comm=ep_comm, ep_mode=ep_mode,
-                                           ep_max_tokens=ep_max_tokens, ep_owner=ep_owner)
+    if ep_comm is not None and ep_mode == "low_latency" and not ep_max_tokens:
+        ep_max_tokens = max_tokens  # (packets of max_tokens rows unless told)
+    ep = None if ep_comm is None else dict(
+        ep_comm=ep_comm, ep_mode=ep_mode, ep_max_tokens=ep_max_tokens,
+        ep_owner=None if ep_owner is None else [int(o) for o in ep_owner])
     spec = _spec if _spec is not None else moe_spec(block)
     check_placement(spec)
     tensors = spec.make_tensors()

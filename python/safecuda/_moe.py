@@ -382,6 +382,8 @@ class MoE(_Resource):
             raise ValueError("MoE.forward: routing_ids and routing_weights are given together "
                              "(the caller's routing: expert ids i32 [T, k] and their weights "
                              "f32 [T, k])")
+        if out is None and self.ep_comm is not None and x.count == 0:
+            out = x  # an expert-parallel step without tokens: empty views, no buffer
         if out is None:
             shape = tuple(x.shape)
             if self._out_div > 1:  # reduce-scattered: this rank's T / N rows

@@ -8,7 +8,7 @@ import types
 import torch
 from torch import Tensor
 
-from ._moe import FP8_BLOCK, SCALES, ep_local_experts
+from ._moe import FP8_BLOCK, SCALES, _comm_arg, ep_local_experts
 
 # The layer's options besides the three weights (MoE's keyword arguments), with their
 # defaults: those of safecuda.MoE.
@@ -117,6 +117,10 @@ def check_layer_args(router, w13, w2, selection_bias, opts, backend):
     I_ = w2.shape[2]
     # expert parallel (ep_comm): w13, w2, their biases and scales hold the rank's E_r experts
     comm = opts["ep_comm"]
+    if comm is not None and not hasattr(comm, "nranks"):
+        _comm_arg("ep_comm", comm)  # the TypeError naming what ep_comm must be
+    if opts["ep_owner"] is not None:
+        opts["ep_owner"] = [int(o) for o in opts["ep_owner"]]  # (an iterator read once)
     E = E_all if comm is None else ep_local_experts(int(E_all), comm.nranks, comm.rank,
                                                    opts["ep_owner"])
     if tuple(w13.shape) != (E, 2 * I_, H) or tuple(w2.shape) != (E, H, I_):

@@ -211,7 +211,9 @@ class _Layer:
             if self.ep else None
         self.shared_intermediate = a.S
         self.expert_dtype = a.expert_dtype
-        self.max_tokens = int(max_tokens)
+        # (a low-latency expert-parallel layer takes up to its ep_max_tokens per forward)
+        self.max_tokens = int(opts["ep_max_tokens"]) if \
+            self.ep and self.moe.ep_mode == "low_latency" else int(max_tokens)
         self.tensors = (router, w13, w2, selection_bias)
         self.named = {"router_weight": router, "w13": w13, "w2": w2,
                       "selection_bias": selection_bias}
@@ -263,12 +265,7 @@ class _Layer:
         cu = _current_raw_stream(x.device.index)
         ctx = self.ctx
         if T == 0:
-            if self.ep:  # an expert-parallel step: the exchanges need every rank
-                st = ctx._wrapped.get(cu) or ctx.wrap_stream(cu)
-                empty = sc_view(self._empty._h, 0, 0)
-                r = lib.sc_moe_forward(st._h, self._moe_h, empty, empty, None)
-                if r:
-                    fail(r)
+            self._empty_step(x)
             return (out, ids, weights) if routed else out
         st = ctx._wrapped.get(cu)
         if st is None:
@@ -359,6 +356,18 @@ class _Layer:
         handles.append(h.value)
         return sc_view(h.value, 0, count)
 
+    def _empty_step(self, x):
+        """A forward without tokens: nothing, but an expert-parallel layer's step still
+        takes part in the exchanges (every rank makes the same forwards)."""
+        if not self.ep:
+            return
+        cu = _current_raw_stream(x.device.index)
+        st = self.ctx._wrapped.get(cu) or self.ctx.wrap_stream(cu)
+        empty = sc_view(self._empty._h, 0, 0)
+        r = lib.sc_moe_forward(st._h, self._moe_h, empty, empty, None)
+        if r:
+            fail(r)
+
     def run_ex(self, x, out=None, ids=None, weights=None, check=False):
         """out = layer(x), or out += layer(x) when out is given (mutated in place, and
         returned); with the caller's routing when ids and weights are given."""
@@ -388,6 +397,7 @@ class _Layer:
         if ids is not None:
             self._check_routing(T, ids, weights, x)
         if T == 0:
+            self._empty_step(x)
             return out
         sh = self._stream(x)
         n, nk = T * self.H, T * self.top_k
@@ -556,6 +566,15 @@ def _no(*_):
     return False
 
 
+def _ep_forward_body(module, *args):
+    return module._forward(*args)
+
+
+# An expert-parallel layer's forward runs outside any compiled graph (a graph break).
+_ep_forward = torch.compiler.disable(_ep_forward_body) if hasattr(torch, "compiler") and \
+    hasattr(torch.compiler, "disable") else _ep_forward_body
+
+
 _is_compiling = getattr(torch.compiler, "is_compiling", _no)
 _dispatch_depth = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
 _function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
@@ -635,7 +654,10 @@ class MoE(torch.nn.Module):
     E/N), the shared expert whole. Each rank calls forward with its own tokens (any number,
     0 included: an empty step still takes part in the exchanges) and gets their output.
     ep_mode="normal" (prefill: exact counts, a host wait per forward) or "low_latency"
-    (decode: packets of ep_max_tokens rows, T <= ep_max_tokens, capturable in CUDA graphs).
+    (decode: packets of ep_max_tokens rows, T <= ep_max_tokens, capturable in CUDA graphs
+    once the first forward ran eagerly: it checks that the ranks' layers agree; max_tokens
+    is then ep_max_tokens). An expert-parallel forward is never traced by torch.compile (a
+    graph break: every rank's forward is a collective, which a compiler could drop).
 
     In plain eager execution the forward runs the operator's body directly (the same
     work, without the dispatcher's overhead); under torch.compile, tracing, tensor
@@ -756,6 +778,14 @@ class MoE(torch.nn.Module):
 
     def forward(self, x: Tensor, return_routing: bool = False, *, routing=None,
                 accumulate_into=None, check_routing: bool = False):
+        if _layer(self.layer_id).ep:
+            # Every rank's expert-parallel forward is a collective, even without tokens:
+            # never traced (a compiler could drop a call whose output is empty or unused).
+            return _ep_forward(self, x, return_routing, routing, accumulate_into,
+                               check_routing)
+        return self._forward(x, return_routing, routing, accumulate_into, check_routing)
+
+    def _forward(self, x, return_routing, routing, accumulate_into, check_routing):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         div = _layer(self.layer_id).out_div

@@ -259,3 +259,19 @@ def test_expert_parallel_shapes_are_the_ranks_experts(fp8):
              **dict(opts, **two))
     with pytest.raises(ValueError, match="experts = 8 is not a multiple of ep_comm's 3 ranks"):
         make(router, w13[:2], w2[:2], ep_comm=_Rank(0, 3), **dict(opts, **two))
+
+
+def test_expert_parallel_arguments_read_once_and_typed():
+    router, w13, w2, opts = tensors(False)
+    # an owner map given as an iterator is read once, as a list
+    owner = iter([0, 1, 1, 1, 1, 0, 1, 1])
+    with pytest.raises(ValueError, match="router_weight is on cpu, not a CUDA device"):
+        make(router, w13[:2], w2[:2], ep_comm=_Rank(0, 2), ep_owner=owner, **opts)
+    with pytest.raises(TypeError, match="ep_comm must be a safecuda.Comm"):
+        make(router, w13[:2], w2[:2], ep_comm=object(), **opts)
+
+
+def test_an_expert_parallel_forward_is_never_traced():
+    # every rank's forward is a collective: torch.compile must not drop one (a graph break)
+    assert getattr(sct._ep_forward, "_torchdynamo_disable", False) or \
+        not hasattr(torch.compiler, "disable")
