@@ -682,6 +682,17 @@ extern "C" __global__ void sc_moe_gather(const int *perm_token, const int *row_o
         dst[c] = src[c];
 }
 
+// The fp8 gathers' warp: row q = warp / (H / 128) and its block b = warp % (H / 128); false
+// past the rows (the launch's bound, or the rows the routing made: used).
+__device__ __forceinline__ bool fp8_row_block(int rows, int used, int H, long long *q, int *b)
+{
+    const int nb = H / 128;
+    const long long w = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    *q = w / nb;
+    *b = (int)(w - *q * nb);
+    return *q < rows && *q < used;
+}
+
 // fp8 experts: x gathered into expert order and quantized on the way, one warp per row and
 // 128 channels (row q = warp / (H / 128), block b = warp % (H / 128)): the block's largest
 // magnitude amax, the scale amax / 448 (1 when amax is 0) into x_scale [H / 128][rows_cap],
@@ -694,11 +705,10 @@ extern "C" __global__ void sc_moe_gather_fp8(const int *perm_token, const int *r
                                              int ldx, int xoff, int rows_cap)
 {
     griddep_enter();
-    const int nb = H / 128;
-    const long long w = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    const long long q = w / nb;
-    const int b = (int)(w - q * nb), lane = threadIdx.x & 31;
-    if (q >= rows || q >= row_offsets[groups])
+    long long q;
+    int b;
+    const int lane = threadIdx.x & 31;
+    if (!fp8_row_block(rows, row_offsets[groups], H, &q, &b))
         return;
     const uint2 v = reinterpret_cast<const uint2 *>(x + (long long)perm_token[q] * H)[b * 32 + lane];
     float scale;
@@ -718,11 +728,10 @@ extern "C" __global__ void sc_moe_gather_q(const int *perm_token, const int *row
                                            int groups, int H, int ldx, int xoff, int rows_cap)
 {
     griddep_enter();
-    const int nb = H / 128;
-    const long long w = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    const long long q = w / nb;
-    const int b = (int)(w - q * nb), lane = threadIdx.x & 31;
-    if (q >= rows || q >= row_offsets[groups])
+    const int nb = H / 128, lane = threadIdx.x & 31;
+    long long q;
+    int b;
+    if (!fp8_row_block(rows, row_offsets[groups], H, &q, &b))
         return;
     const long long t = perm_token[q];
     reinterpret_cast<unsigned *>(x_q + q * ldx + xoff)[b * 32 + lane] =

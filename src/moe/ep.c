@@ -285,11 +285,8 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
         !(ep = calloc(1, sizeof *ep))) {
         if (s == SC_OK)
             s = sci_fail(SC_ERR_HOST_OUT_OF_MEMORY, fn, "out of host memory");
-        char *message = sci_error_save();
-        sci_moe_free(experts, fn);
-        if (m)
-            sci_moe_free(m, fn);
-        sci_error_restore(message);
+        sci_moe_free_quietly(experts, fn);
+        sci_moe_free_quietly(m, fn);
         free(map);
         return s;
     }
@@ -328,9 +325,7 @@ sc_status sci_moe_ep_make(sci_context *c, const sc_moe_desc *desc, const char *f
     if (s == SC_OK)
         s = sci_moe_ep_reserve(m, SC_DEFAULT_STREAM, T0, fn);
     if (s != SC_OK) {
-        char *message = sci_error_save();
-        sci_moe_free(m, fn);
-        sci_error_restore(message);
+        sci_moe_free_quietly(m, fn);
         return s;
     }
     *out = m;

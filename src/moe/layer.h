@@ -49,6 +49,8 @@ typedef struct sci_moe {
 sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, const char *fn,
                        sci_moe **out);
 sc_status sci_moe_free(sci_moe *m, const char *fn);
+/* The same on an error path (m may be NULL): the error being reported keeps its message. */
+void sci_moe_free_quietly(sci_moe *m, const char *fn);
 /* sc_moe_forward's and sc_moe_route's work on a layer (not an expert-parallel one: ep.c
  * calls them on its parts), under fn's name. The first shared_rows tokens of x get the
  * shared expert (UINT64_MAX: all). fp8 experts: xq (e4m3 [T, H]) and xs (f32 [T, H/128]),

@@ -184,9 +184,7 @@ sc_status sci_moe_make(sci_context *c, const sc_moe_desc *desc, unsigned flags, 
     if (s == SC_OK)
         s = grow_workspace(m, d.max_tokens ? d.max_tokens : 256, SC_DEFAULT_STREAM, fn);
     if (s != SC_OK) {
-        char *message = sci_error_save();
-        sci_moe_free(m, fn);
-        sci_error_restore(message);
+        sci_moe_free_quietly(m, fn);
         return s;
     }
     *out = m;
@@ -211,11 +209,8 @@ sc_status sc_moe_create_at(sc_context ctx, const sc_moe_desc *desc, sc_moe *laye
     s = d.ep_comm.id ? sci_moe_ep_make(c, &d, fn, &m) : sci_moe_make(c, &d, 0, fn, &m);
     if (s == SC_OK &&
         (s = sci_registry_insert(&m->obj, SCI_KIND_MOE, c->obj.id, d.label, file, line, fn)) !=
-            SC_OK) {
-        char *message = sci_error_save();
-        sci_moe_free(m, fn);
-        sci_error_restore(message);
-    }
+            SC_OK)
+        sci_moe_free_quietly(m, fn);
     if (s == SC_OK)
         layer->id = m->obj.id;
     sci_context_release(c);
@@ -236,6 +231,15 @@ sc_status sci_moe_free(sci_moe *m, const char *fn)
     pthread_mutex_destroy(&m->lock);
     free(m);
     return s;
+}
+
+void sci_moe_free_quietly(sci_moe *m, const char *fn)
+{
+    if (!m)
+        return;
+    char *message = sci_error_save();
+    sci_moe_free(m, fn);
+    sci_error_restore(message);
 }
 
 /* The layer's part of its destroy (sci_kind_ops.destroy), once unpublished. */
