@@ -767,6 +767,10 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
         if ((s = grow(m, 0, T, stream, fn)) == SC_OK && (s = grow(m, 1, send, stream, fn)) == SC_OK)
             s = grow(m, 2, in, stream, fn);
     }
+    /* the first forward: the ranks' layers compared before anything else is enqueued */
+    bool exchanged = false;
+    if (s == SC_OK && !ep->agreed)
+        s = agree(m, stream, &exchanged, fn);
     sci_moe_steps st = {opts ? opts->profile : NULL, stream, {m->ctx->obj.id}, {{0}}, 0};
     const bool caller = rids.buffer.id != 0;
     const sc_view ids = caller ? rids : part(ep->buf[B_IDS], 0, T * k);
@@ -779,9 +783,6 @@ sc_status sci_moe_ep_forward(sci_moe *m, sc_stream stream, sc_view x, sc_view ou
     if (s == SC_OK && T > 0 && opts && opts->expert_weights.buffer.id &&
         !sci_moe_same_view(opts->expert_weights, w))
         s = sc_copy(stream, opts->expert_weights, w);
-    bool exchanged = false;
-    if (s == SC_OK && !ep->agreed)
-        s = agree(m, stream, &exchanged, fn);
     if (s == SC_OK)
         s = issue(m, stream, xv, ov, ids, w, T, opts && opts->accumulate, &st, &exchanged, fn);
     if (s != SC_OK && exchanged)

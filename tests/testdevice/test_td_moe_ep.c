@@ -72,7 +72,12 @@ static void test_create_refusals(void)
                   "sc_moe_create: desc->ep_max_tokens = 5 is for SC_MOE_EP_LOW_LATENCY (the "
                   "normal mode sends exact counts: leave it 0)");
     d.ep_max_tokens = 0;
-    /* the expert map */
+    /* the expert map: contiguous blocks need E a multiple of N */
+    d.experts = 15;
+    CHECK_REFUSED(sc_moe_create(ctxs[0], &d, &r0.layer), SC_ERR_INVALID_ARGUMENT,
+                  "sc_moe_create: desc->experts = 15 is not a multiple of desc->ep_comm's 2 "
+                  "ranks: give desc->ep_owner (each expert's rank) to split them otherwise");
+    d.experts = E;
     int32_t owner[E];
     for (int e = 0; e < E; e++)
         owner[e] = e % N;
@@ -187,6 +192,33 @@ static void test_forward_refusals(void)
                   "its exchanges depend on each other (counts, then rows, then rows back), so "
                   "it runs from a thread (or process) per GPU, not in a group");
     CHECK_OK(sc_comm_group_end());
+    {   /* a rank without tokens: x and out both empty, bf16 */
+        sc_view x0, f0;
+        REQUIRE(sc_buffer_view(r0.w[6], 0, 0, &x0) == SC_OK);
+        CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, x0, out4, NULL),
+                      SC_ERR_INVALID_ARGUMENT,
+                      "sc_moe_forward: x is empty (T = 0: a rank with no tokens this step) and "
+                      "out has %d elements: both must be T x H",
+                      4 * H);
+        sc_buffer f = buf(ctxs[0], SC_F32, 8, "f32 x");
+        REQUIRE(sc_buffer_view(f, 0, 0, &f0) == SC_OK);
+        CHECK_REFUSED(sc_moe_forward(SC_DEFAULT_STREAM, r0.layer, f0, x0, NULL),
+                      SC_ERR_TYPE_MISMATCH, "sc_moe_forward: x is f32; it must be bf16");
+        CHECK_OK(sc_buffer_destroy(f));
+    }
+    {   /* the first forward compares the ranks' layers (a host wait): not in a capture */
+        sc_stream s;
+        sc_graph g;
+        REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
+        REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
+        sc_clear_error();
+        CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4, NULL), SC_ERR_CAPTURE);
+        CHECK_MSG("an expert-parallel layer's first forward, which checks that the ranks' "
+                  "layers agree (a host wait; run one forward before capturing),");
+        CHECK_OK(sc_stream_end_capture(s, &g));
+        CHECK_OK(sc_graph_destroy(g));
+        CHECK_OK(sc_stream_destroy(s));
+    }
     {   /* a profile waits: not in a capture, even in low-latency mode */
         sc_stream s;
         sc_graph g;
