@@ -419,6 +419,19 @@ static sc_view part(sc_buffer b, uint64_t offset, uint64_t count)
     return (sc_view){b, offset, count};
 }
 
+/* SC_ERR_CAPTURE (naming `what`) when stream, the forward's, is capturing. */
+static sc_status refuse_capture(const sci_moe *m, sc_stream stream, const char *what,
+                                const char *fn)
+{
+    sci_stream *st = NULL;
+    sc_status s = sci_stream_resolve(stream, m->ctx, fn, &st);
+    if (s != SC_OK)
+        return s;
+    s = sci_capture_refuse_stream(st, fn, what);
+    sci_stream_release(st);
+    return s;
+}
+
 /* Before anything is enqueued: the communicator alive; no option the layer does not take;
  * T within a low-latency layer's packets; a normal-mode forward not in a capture. */
 static sc_status ready(const sci_moe *m, sc_stream stream, const sc_moe_forward_desc *opts,
@@ -444,18 +457,14 @@ static sc_status ready(const sci_moe *m, sc_stream stream, const sc_moe_forward_
                         "x holds T = %llu tokens: this low-latency expert-parallel layer takes up "
                         "to desc->ep_max_tokens = %d per forward",
                         (unsigned long long)T, ep->slab);
-    if (!ep->slab || (opts && opts->profile)) {
-        sci_stream *st = NULL;
-        if ((s = sci_stream_resolve(stream, m->ctx, fn, &st)) != SC_OK)
-            return s;
-        s = sci_capture_refuse_stream(st, fn,
-                                      !ep->slab ? "a normal-mode expert-parallel forward, which "
-                                                  "reads the ranks' token counts on the host "
-                                                  "(SC_MOE_EP_LOW_LATENCY is captured whole),"
-                                                : "a profiled forward (it waits for the stream)");
-        sci_stream_release(st);
-    }
-    return s;
+    if (!ep->slab || (opts && opts->profile))
+        return refuse_capture(m, stream,
+                              !ep->slab ? "a normal-mode expert-parallel forward, which reads "
+                                          "the ranks' token counts on the host "
+                                          "(SC_MOE_EP_LOW_LATENCY is captured whole),"
+                                        : "a profiled forward (it waits for the stream)",
+                              fn);
+    return SC_OK;
 }
 
 /* The exchange of rows: to each other rank d, n_send[d] rows of the send buffers from row
@@ -675,15 +684,11 @@ static sc_status agree(sci_moe *m, sc_stream stream, bool *exchanged, const char
 {
     sci_moe_ep *ep = m->ep;
     const int N = ep->nranks;
-    sci_stream *st = NULL;
-    sc_status s = sci_stream_resolve(stream, m->ctx, fn, &st);
-    if (s != SC_OK)
-        return s;
-    s = sci_capture_refuse_stream(st, fn,
-                                  "an expert-parallel layer's first forward, which checks "
-                                  "that the ranks' layers agree (a host wait; run one forward "
-                                  "before capturing),");
-    sci_stream_release(st);
+    sc_status s = refuse_capture(m, stream,
+                                 "an expert-parallel layer's first forward, which checks that "
+                                 "the ranks' layers agree (a host wait; run one forward before "
+                                 "capturing),",
+                                 fn);
     if (s != SC_OK)
         return s;
     int64_t all[SC_MOE_EP_MAX_RANKS * AGREE_FIELDS];
