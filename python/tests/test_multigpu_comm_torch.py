@@ -6,11 +6,13 @@ each rank its shard of I) against the one-GPU layer over the full weights on eac
 GPU, all-reduced (every rank the whole output) and reduce-scattered (each rank its rows),
 plain and accumulating: relative L2 <= 1e-2; safecuda.torch.MoE expert parallel (ep_comm:
 each rank its experts, a listed map, and its own tokens) against the one-GPU layer on the
-same tokens, normal and low-latency, with a step where one rank has none; and (with transformers 5) from_transformers and
-patch_model with tp_comm on small Mixtral and DeepSeek-V3 models (hf_models.py, the same
+same tokens, normal and low-latency, with a step where one rank has none; and (with
+transformers 5) from_transformers and patch_model with tp_comm on small Mixtral and DeepSeek-V3 models (hf_models.py, the same
 random weights on both ranks): each block against the one-GPU layer (relative L2 <= 1e-2),
-the patched model's logits against the one-GPU patched model's (relative L2 <= 2e-2), and
-patch_model with ep_comm (normal and low-latency; each rank its own ids) likewise.
+the patched model's logits against a float32 run of the original model no farther than the
+original's own bf16 run (within 1.5x: a small random model amplifies bf16 rounding, as in
+test_gpu_hf_patch.py), and patch_model with ep_comm (normal and low-latency; each rank its
+own ids) likewise.
 
 Not a test_gpu*.py file: the one-GPU check (scripts/gpu-check) collects it and it skips
 there (fewer than 2 GPUs). scripts/gpu-check --gpus N runs it with
@@ -182,7 +184,7 @@ def _tp_transformers(rank, comm, dev):
     except ImportError:
         return  # (the parent reports transformers missing)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from hf_models import build_model
+    from hf_models import build_model, float32_copy
 
     import safecuda.torch as sct
     transformers.logging.set_verbosity_error()
@@ -193,9 +195,22 @@ def _tp_transformers(rank, comm, dev):
     for name in ("mixtral", "deepseek_v3"):
         model, cfg = build_model(torch, transformers, name, device=dev, seed=5)
         ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(6)).to(dev)
+        mine = (ids + rank) % cfg.vocab_size  # (the expert-parallel part's own ids)
         with torch.no_grad():
+            # Whole-model logits are judged as the one-GPU tests judge them (random small
+            # models amplify bf16 noise: a routing near-tie flips after a rounding change):
+            # against a float32 run of the original, no farther than the original's own
+            # bf16 run is (within 1.5x).
+            ref32 = float32_copy(torch, model)
+            want32 = {"ids": ref32(ids).logits, "mine": ref32(mine).logits}
+            del ref32
+            own = {"ids": model(ids).logits, "mine": model(mine).logits}
+
+            def close(got, key, what):
+                e_own, e_got = rel(own[key], want32[key]), rel(got, want32[key])
+                assert e_got <= 1.5 * e_own + 1e-3, (name, what, e_got, e_own)
+
             plan = sct.patch_model(model)
-            one = model(ids).logits
             blocks = [m for m in model.modules() if isinstance(m, sct.TransformersMoE)]
             x = torch.randn(48, cfg.hidden_size, generator=torch.Generator().manual_seed(8)
                             ).to(torch.bfloat16).to(dev)
@@ -210,21 +225,15 @@ def _tp_transformers(rank, comm, dev):
             sct.unpatch_model(model)
             report = sct.patch_model(model, tp_comm=comm)
             assert len(report.patched) == len(plan.patched) > 0, (name, str(report))
-            tp_logits = model(ids).logits
-            assert rel(tp_logits, one) <= 2e-2, (name, "logits", rel(tp_logits, one))
+            close(model(ids).logits, "ids", "tensor-parallel logits")
             sct.unpatch_model(model)
             # expert parallel: each rank its experts and its own inputs (here rank r's ids
-            # shifted by r), against the one-GPU patched model on the same ids
-            mine = (ids + rank) % cfg.vocab_size
-            sct.patch_model(model)
-            want = model(mine).logits
-            sct.unpatch_model(model)
+            # shifted by r)
             for mode in ("normal", "low_latency"):
                 report = sct.patch_model(model, ep_comm=comm, ep_mode=mode,
                                          ep_max_tokens=64 if mode == "low_latency" else 0)
                 assert len(report.patched) == len(plan.patched), (name, str(report))
-                ep_logits = model(mine).logits
-                assert rel(ep_logits, want) <= 2e-2, (name, mode, rel(ep_logits, want))
+                close(model(mine).logits, "mine", f"expert-parallel ({mode}) logits")
                 sct.unpatch_model(model)
         torch.cuda.synchronize(dev)
         del model

@@ -20,8 +20,10 @@ sc_status sci_comm_track(sci_comm *c, sci_stream *stream, uint64_t issued_ns, co
     if (c->n_spare)
         ev = c->spare[--c->n_spare];
     pthread_mutex_unlock(&c->lock);
-    CUresult r = CUDA_SUCCESS;
-    if (!ev)
+    /* in the stream's context (a group may span the GPUs of one process) */
+    const char *call;
+    CUresult r = sci_context_make_current_cu(stream->ctx, &call);
+    if (r == CUDA_SUCCESS && !ev)
         r = sci_cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_SUCCESS)
         r = sci_cuEventRecord(ev, stream->cu);

@@ -342,14 +342,19 @@ sc_status sci_access_begin_sets(sci_access_set *sets, size_t n_sets, const char 
     }
     for (size_t i = 0; i < n_all; i++)
         pthread_mutex_lock(&all[i]->lock);
-    for (size_t i = 0; i < n_sets && s == SC_OK; i++)
+    /* The sets may be on streams of several devices (a group of collectives over the GPUs
+     * of one process): each set's events are made and recorded in its stream's context. */
+    for (size_t i = 0; i < n_sets && s == SC_OK; i++) {
+        if (!sets[i].cap && sets[i].stream->ctx->tracking && sets[i].n)
+            s = sci_context_enter(sets[i].stream->ctx, fn);
         for (size_t j = 0; j < sets[i].n && s == SC_OK && !sets[i].cap &&
                            sets[i].stream->ctx->tracking;
              j++)
             s = order_access(sets[i].acc[j].tracker, sets[i].acc[j].mode, sets[i].stream, fn);
+    }
     size_t begun = 0;
     for (; begun < n_sets && s == SC_OK; begun++)
-        if (sets[begun].cap)
+        if (sets[begun].cap && (s = sci_context_enter(sets[begun].stream->ctx, fn)) == SC_OK)
             s = sci_capture_access_begin(sets[begun].cap, sets[begun].acc, sets[begun].n,
                                          sets[begun].stream, sets[begun].stream->ctx->tracking,
                                          fn);
@@ -376,6 +381,13 @@ sc_status sci_access_end_sets(sci_access_set *sets, size_t n_sets, bool enqueued
     for (size_t i = 0; i < n_sets; i++) {
         if (sets[i].cap)
             continue;
+        if (enqueued && sets[i].n && n_sets > 1) {
+            const char *call;
+            CUresult r = sci_context_make_current_cu(sets[i].stream->ctx, &call);
+            sc_status e = sci_context_tolerate_cu(sets[i].stream->ctx, r, fn, "%s failed", call);
+            if (s == SC_OK)
+                s = e;
+        }
         for (size_t j = 0; j < sets[i].n && enqueued; j++) {
             sc_status r = record(sets[i].acc[j].tracker, sets[i].acc[j].mode, sets[i].stream,
                                  fn);
@@ -401,6 +413,10 @@ sc_status sci_access_end_sets(sci_access_set *sets, size_t n_sets, bool enqueued
     for (size_t i = 0; i < n_sets; i++) {
         if (!sets[i].cap)
             continue;
+        if (n_sets > 1) {
+            const char *call;
+            (void)sci_context_make_current_cu(sets[i].stream->ctx, &call);
+        }
         sci_capture_access_end(sets[i].cap, sets[i].acc, sets[i].n, sets[i].stream, enqueued);
         sci_capture_put(sets[i].cap);
         sets[i].cap = NULL;
