@@ -57,8 +57,9 @@ typedef struct sci_comm {
 
 /* Monotonic nanoseconds. */
 uint64_t sci_comm_now_ns(void);
-/* A wait's pause: a few yields first (NCCL's own threads progress), then 0.1 .. 1 ms. */
-void sci_comm_backoff(unsigned *spins);
+/* A wait's pause, the wait begun at since_ns: yields for the first 2 ms (NCCL's own threads
+ * progress), then 50 us sleeps, after 50 ms 1 ms ones. */
+void sci_comm_backoff(uint64_t since_ns);
 
 /* The issue lock of a GPU (by ordinal). lock_devices locks each of a list's devices once,
  * in ascending order (the list is sorted and made unique in place; returns the count). */

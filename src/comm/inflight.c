@@ -149,8 +149,9 @@ sc_status sc_comm_synchronize(sc_comm comm)
     sc_status s = sci_comm_acquire(comm, fn, &c);
     if (s != SC_OK)
         return s;
-    for (unsigned spins = 0; (s = poll_step(c, fn)) == SC_ERR_NOT_READY;)
-        sci_comm_backoff(&spins);
+    const uint64_t since = sci_comm_now_ns();
+    while ((s = poll_step(c, fn)) == SC_ERR_NOT_READY)
+        sci_comm_backoff(since);
     sci_comm_release(c);
     return s;
 }
