@@ -31,9 +31,12 @@ prefill, release_originals=True):
 - decode: one step of batch B (--batches, default 1, 16, 64): one token per sequence
   against a static cache of --prefix positions (default 512; the cache's contents do not
   change the work), replayed as a CUDA graph (torch.cuda.CUDAGraph captured after 3 warm-up
-  steps on a side stream); "eager" can't be captured (it reads which experts were hit on the
-  host) and runs without a graph. batched_mm is skipped where the weights it gathers would
-  not fit (it needs tokens x top-k x the size of one expert).
+  steps on a side stream; torch.tensor(<Python numbers>, device=<GPU>) in the step, a
+  pageable host-to-device copy that a capture refuses, gives a device tensor made in the
+  warm-up: gpt-oss's eager attention masks and its full sliding-window cache do that);
+  "eager" can't be captured (it reads which experts were hit on the host) and runs without
+  a graph. batched_mm is skipped where the weights it gathers would not fit (it needs
+  tokens x top-k x the size of one expert).
 
 Time: CUDA events around each forward (graph replay), after warm-up (prefill 1, decode 5;
 the same on the MoE blocks), the median of 5 prefills / 50 decode steps (--quick: 2 / 20).
@@ -237,17 +240,69 @@ class Timer:
         return statistics.median(out)
 
 
+# (data, dtype, device) -> the device tensor torch.tensor(data, ...) made in a warm-up; kept
+# for the process's life (a graph that reads one may outlive its capture).
+HOST_CONSTANTS = {}
+
+
+def py_data_key(x):
+    """x (a Python bool/int/float or a short nested list/tuple of them) as a hashable key that
+    tells 0.0 from -0.0 and 1 from 1.0 and True; None for anything else."""
+    if isinstance(x, (bool, int, float)):
+        return (type(x).__name__, repr(x))
+    if isinstance(x, (list, tuple)) and len(x) <= 64:
+        keys = [py_data_key(v) for v in x]
+        return None if None in keys else (type(x).__name__, tuple(keys))
+    return None
+
+
+def host_constants(torch):
+    """A torch function mode for capture(): torch.tensor(Python numbers, device=<not the
+    CPU>) returns the device tensor made by the first such call (in a warm-up, outside the
+    graph) instead of copying from pageable host memory, which a capturing stream refuses
+    ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU
+    tensor is pinned"). transformers 5's gpt-oss decode step makes three: eager_mask's
+    torch.tensor(0.0, device=mask.device) for each of its two masks (masking_utils) and,
+    once the sliding window is full, StaticSlidingWindowLayer.update's
+    torch.tensor([-1], device=self.device) (cache_utils); both only read them (a torch.where
+    operand, an index), as a compiled graph would read a constant. The other models' steps
+    make none: their graphs are unchanged."""
+    from torch.overrides import TorchFunctionMode
+
+    class HostConstants(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            dev = kwargs.get("device")
+            if func is torch.tensor and len(args) == 1 and dev is not None and \
+                    torch.device(dev).type != "cpu" and not kwargs.get("requires_grad") and \
+                    not kwargs.get("pin_memory"):
+                data = py_data_key(args[0])
+                if data is not None:
+                    key = (data, str(kwargs.get("dtype")), str(torch.device(dev)))
+                    t = HOST_CONSTANTS.get(key)
+                    if t is None:  # a warm-up call; in a capture this fails as before
+                        t = HOST_CONSTANTS[key] = func(*args, **kwargs)
+                    return t
+            return func(*args, **kwargs)
+
+    return HostConstants()
+
+
 def capture(torch, fn):
-    """A CUDA graph of fn() (after 3 warm-up calls on a side stream): (graph, its output)."""
+    """A CUDA graph of fn() (after 3 warm-up calls on a side stream): (graph, its output).
+    The warm-up calls and the captured one run under host_constants()."""
+    consts = host_constants(torch)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            fn()
+            with consts:
+                fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = fn()
+        with consts:
+            out = fn()
     torch.cuda.synchronize()
     return g, out
 
