@@ -408,17 +408,22 @@ template <int HEAD, bool STR> struct kshift_steps {
         if constexpr (STR)
             wgmma_rs<BN>::run(part, af[0], af[1], af[4], af[4], smem_desc(b_s + HEAD * 32), 1);
     }
-    // The tail: block kt's columns, part overwritten by the first.
+    // The tail: block kt's columns, part overwritten by the first. The straddling step (from
+    // registers) comes last, so that the wait after the tail's commit follows it at once:
+    // registers an MMA reads may not be written (nor given to other values by ptxas) before
+    // a wgmma.wait_group covers it, and the next stage's scales and fragment reuse them.
     template <class P, int BN>
     static __device__ __forceinline__ void tail(float *part, unsigned a_s, unsigned b_s,
                                                 const unsigned *af)
     {
-        if constexpr (STR)
-            wgmma_rs<BN>::run(part, af[4], af[4], af[2], af[3], smem_desc(b_s + HEAD * 32), 0);
+        constexpr int K0 = HEAD + (STR ? 1 : 0);
 #pragma unroll
-        for (int kk = HEAD + (STR ? 1 : 0); kk < 4; kk++)
+        for (int kk = K0; kk < 4; kk++)
             wgmma_tile<P, BN>::run(part, smem_desc(a_s + kk * 32), smem_desc(b_s + kk * 32),
-                                   STR || kk > HEAD);
+                                   kk > K0);
+        if constexpr (STR)
+            wgmma_rs<BN>::run(part, af[4], af[4], af[2], af[3], smem_desc(b_s + HEAD * 32),
+                              K0 < 4);
     }
 };
 
@@ -458,6 +463,8 @@ __device__ __forceinline__ int fp8_shifted_run(int k_tiles, int it, unsigned rin
         if (kt == 0) { // the first stage: its tail only
             K::template tail<P, BN>(part, a_s, b_s, af);
             wgmma_commit();
+            if constexpr (STR) // (its registers: see kshift_steps::tail)
+                wgmma_wait<0>();
             continue;
         }
         K::template head<P, BN>(part, a_s, b_s, af);
@@ -475,6 +482,8 @@ __device__ __forceinline__ int fp8_shifted_run(int k_tiles, int it, unsigned rin
         wgmma_fence(); // (part was read: the tail overwrites it)
         K::template tail<P, BN>(part, a_s, b_s, af);
         wgmma_commit(); // waited for by the next stage's head
+        if constexpr (STR) // unless it read A from registers: waited for now
+            wgmma_wait<0>();
     }
     return it;
 }
