@@ -363,12 +363,12 @@ sc_status sci_moe_encode_weight_maps(sci_moe *m)
      * kernels then start K that much early, so each box starts 128-byte aligned: a
      * checkpoint's views at 16-byte offsets read whole lines): exactly for every row when the
      * rows are a multiple of 128 bytes apart, for the first row's boxes otherwise. bf16
-     * only: e4m3's shifted kernels (each stage split at the scale blocks' boundaries,
-     * moe_sm90a.cu's _ks kernels) gave non-finite and run-to-run different outputs on an
-     * H200 (test_gpu_moe_fp8, weights at offsets 80 and 112 bytes, T >= 1000), so fp8
-     * weights at unaligned offsets read their boxes unshifted unless SAFECUDA_MOE_KSHIFT=fp8
-     * asks for those kernels (to debug them). SAFECUDA_MOE_KSHIFT=0 turns the shift off
-     * (for comparisons). */
+     * only by default: e4m3's shifted kernels (each stage split at the scale blocks'
+     * boundaries, moe_sm90a.cu's _ks kernels) are correct but slower than reading the
+     * unaligned boxes unshifted (H200, deepseek_v3 views at 16 bytes: T = 16 1.68 against
+     * 1.35 ms, T = 16384 28.3 against 26.0), since a shift of 16 mod 32 elements must wait
+     * for its register-operand MMA every stage; SAFECUDA_MOE_KSHIFT=fp8 selects them.
+     * SAFECUDA_MOE_KSHIFT=0 turns the shift off (for comparisons). */
     if (s == SC_OK) {
         const char *env = getenv("SAFECUDA_MOE_KSHIFT");
         const bool on = !(env && strcmp(env, "0") == 0) &&

@@ -15,9 +15,9 @@
  * into one allocation three times: at offsets 32 and 96 bytes past a multiple of 128
  * (bitwise the same output), and twice at odd multiples of 16 (against the reference, and
  * bitwise on repeat). fp8 weights at such offsets read their boxes unshifted (no GEMM step
- * says "K shift"); with SAFECUDA_MOE_KSHIFT=fp8 the shifted e4m3 kernels run instead (each
- * stage split between MMAs at the scale blocks: known to fail on the GPU, kept to debug
- * them); out += layer(x); a captured graph's
+ * says "K shift": the shifted e4m3 kernels are slower); with SAFECUDA_MOE_KSHIFT=fp8 they
+ * run instead (each stage split between MMAs at the scale blocks) and are checked alike;
+ * out += layer(x); a captured graph's
  * replay bitwise the eager forward. The caller's routing: every token to one expert, padded
  * slots, experts with no token. Every fp8 tile shape forced in turn (SAFECUDA_MOE_TILE).
  * Skipped before sm_90 (the layer refuses fp8 there: checked).
