@@ -5,7 +5,8 @@
  * latency eager and captured in a graph replayed twice, the caller's routing, different T
  * on each rank, a rank with no tokens (T = 0); ranks whose layers disagree (both find it at
  * their first forward and return it), a rank that stops (the communicator's timeout ends the
- * other's forward). No kernel runs on the test device, so nothing here says anything about
+ * other's forward), a rank whose forward fails after its first exchange (its communicator
+ * aborted, the other's forward ended by the timeout). No kernel runs on the test device, so nothing here says anything about
  * the layer's results (tests/gpu/test_gpu_moe_ep.c compares them with the one-GPU layer on
  * GPUs): these check the plumbing: every launch passes its checks, every exchange is one
  * the double accepts (the ranks' counts agree), nothing is misused, nothing leaks. */
@@ -453,6 +454,93 @@ static void test_ranks_that_disagree(void)
     sc_set_log_callback(NULL, NULL);
 }
 
+/* ---- a rank whose forward fails after its first exchange ----------------------------------
+ * Low-latency layers on both ranks; a first forward on each (the agreement), then NCCL
+ * refuses the first send of the second (SAFECUDA_NCCLFAULT_FAIL: one rank's dispatch, after
+ * it began exchanging): that rank returns the failure with the note that desc->ep_comm was
+ * aborted, its communicator is aborted (a later forward says so), and the other rank's
+ * forward, whose dispatch waits for the failed rank's, ends with the communicator's
+ * timeout; nothing hangs. */
+static pthread_barrier_t fx_barrier;
+
+static void *rank_fails_after_exchange(void *arg)
+{
+    const int r = (int)(intptr_t)arg;
+    sc_view x, out;
+    REQUIRE(sc_buffer_view(mm[r].w[6], 0, 3 * H, &x) == SC_OK);
+    REQUIRE(sc_buffer_view(mm[r].w[7], 0, 3 * H, &out) == SC_OK);
+    CHECK_OK(sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL));
+    CHECK_OK(sc_comm_synchronize(mm_comms[r]));
+    pthread_barrier_wait(&fx_barrier); /* the fault is set */
+    pthread_barrier_wait(&fx_barrier);
+    sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL);
+    if (s == SC_OK)
+        s = sc_comm_synchronize(mm_comms[r]);
+    mm_status[r] = s;
+    snprintf(mm_message[r], sizeof mm_message[r], "%s", sc_last_error());
+    return NULL;
+}
+
+static void test_rank_fails_after_exchange(void)
+{
+    sc_set_log_callback(test_log_capture, NULL);
+    const int line = __LINE__ + 1;
+    REQUIRE(sc_comm_create_all(ctxs, N, &(sc_comm_all_desc){.timeout_ms = 500,
+                                                            .label = "fails"},
+                               mm_comms) == SC_OK);
+    for (int r = 0; r < N; r++) {
+        sc_moe_desc d = rank_desc(ctxs[r], &mm[r], mm_comms[r], E / N);
+        d.ep_mode = SC_MOE_EP_LOW_LATENCY;
+        d.ep_max_tokens = TMAX;
+        REQUIRE(sc_moe_create(ctxs[r], &d, &mm[r].layer) == SC_OK);
+    }
+    REQUIRE(pthread_barrier_init(&fx_barrier, NULL, N + 1) == 0);
+    pthread_t th[N];
+    for (int r = 0; r < N; r++)
+        REQUIRE(pthread_create(&th[r], NULL, rank_fails_after_exchange, (void *)(intptr_t)r) == 0);
+    pthread_barrier_wait(&fx_barrier);
+    setenv("SAFECUDA_NCCLFAULT_FAIL", "ncclSend:1:ncclSystemError", 1);
+    const double t0 = test_now_s();
+    pthread_barrier_wait(&fx_barrier);
+    for (int r = 0; r < N; r++)
+        pthread_join(th[r], NULL);
+    const double t = test_now_s() - t0;
+    unsetenv("SAFECUDA_NCCLFAULT_FAIL");
+    pthread_barrier_destroy(&fx_barrier);
+    CHECK(t < 30);
+    /* the rank whose send NCCL refused, and the other */
+    const int f = mm_status[0] == SC_ERR_COMM ? 0 : 1, o = 1 - f;
+    char want[1200];
+    snprintf(want, sizeof want,
+             "sc_comm_group_end: communicator 'fails' (rank %d of 2 on device %d, created at "
+             "test_td_moe_ep.c:%d) was aborted: NCCL refused the all-to-all-v of %d x bf16: "
+             "ncclSystemError (unhandled system error (run with NCCL_DEBUG=INFO for details)); "
+             "NCCL's last error: ncclfault: injected ncclSystemError into ncclSend (call 1); "
+             "the state of its ranks is unknown (the dispatch of an expert-parallel layer's "
+             "tokens over desc->ep_comm) (desc->ep_comm was aborted: the other ranks' forwards "
+             "return an error) (in sc_moe_forward)",
+             f, f, line, N * TMAX * H); /* (the packets to every rank, its own too) */
+    CHECK(mm_status[f] == SC_ERR_COMM);
+    CHECK(strcmp(mm_message[f], want) == 0);
+    CHECK(mm_status[o] == SC_ERR_TIMEOUT);
+    CHECK(strstr(mm_message[o], "communicator 'fails'") != NULL);
+    CHECK(strstr(mm_message[o], "did not finish within the timeout of 500 ms") != NULL);
+    for (int r = 0; r < N; r++)
+        if (r == f ? mm_status[r] != SC_ERR_COMM : mm_status[r] != SC_ERR_TIMEOUT)
+            fprintf(stderr, "rank %d: %s: %s\n", r, sc_status_name(mm_status[r]), mm_message[r]);
+    if (strcmp(mm_message[f], want) != 0)
+        fprintf(stderr, "rank %d\n  got:  %s\n  want: %s\n", f, mm_message[f], want);
+    /* the failed rank's layer: its communicator is aborted, which its next forward says */
+    sc_view x, out;
+    REQUIRE(sc_buffer_view(mm[f].w[6], 0, 3 * H, &x) == SC_OK);
+    REQUIRE(sc_buffer_view(mm[f].w[7], 0, 3 * H, &out) == SC_OK);
+    CHECK(sc_moe_forward(SC_DEFAULT_STREAM, mm[f].layer, x, out, NULL) == SC_ERR_COMM);
+    CHECK(strstr(sc_last_error(), "communicator 'fails'") != NULL &&
+          strstr(sc_last_error(), "was aborted") != NULL);
+    end_pair();
+    sc_set_log_callback(NULL, NULL);
+}
+
 int main(void)
 {
     comm_td_attach();
@@ -480,6 +568,7 @@ int main(void)
     test_forwards(5, 3);
     test_forwards(0, 4);
     test_ranks_that_disagree();
+    test_rank_fails_after_exchange();
     CHECK(fake.misuse_count() == misuse0);
     if (fake.misuse_count() != misuse0)
         fprintf(stderr, "last misuse: %s\n", fake.last_misuse());
