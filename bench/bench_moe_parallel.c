@@ -530,7 +530,9 @@ int main(int argc, char **argv)
     else
         printf("\nsummary: %d GPUs: the lowest scaling efficiency at T = 4096 (per rank): TP "
                "%.1f%%, EP %.1f%% (goal 80%%); EP low-latency at T = 128, the slowest shape: "
-               "dispatch %.1f us, combine %.1f us (return + sum; goal 60 us each on 2 GPUs)\n",
+               "dispatch %.1f us, combine %.1f us (return + sum, from an eager profiled "
+               "forward: each step includes the wait for the slowest rank; goal 60 us each "
+               "on 2 GPUs under graph replay)\n",
                nranks, 100 * eff_min[TP], 100 * eff_min[EP_NORMAL], 1000 * ll128_dispatch,
                1000 * ll128_combine);
     return 0;
