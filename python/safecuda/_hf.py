@@ -66,6 +66,26 @@ def check_placement(spec, who=None):
     check_dtypes(spec, who)
 
 
+def held_bytes(kw, block):
+    """(borrowed, copied): the bytes of the tensors in kw (a layer's arguments) that share
+    storage with the block's parameters and buffers, and of the others (made for the
+    layer: a rearranged copy, a rank's shard)."""
+    own = {t.untyped_storage().data_ptr()
+           for t in list(block.parameters()) + list(block.buffers())}
+    borrowed = copied = 0
+    seen = set()
+    for t in kw.values():
+        if not isinstance(t, torch.Tensor) or id(t) in seen:
+            continue
+        seen.add(id(t))
+        n = t.numel() * t.element_size()
+        if t.untyped_storage().data_ptr() in own:
+            borrowed += n
+        else:
+            copied += n
+    return borrowed, copied
+
+
 def _make_layer_class():
     from .torch import MoE, _is_compiling
 
@@ -85,12 +105,17 @@ def _make_layer_class():
         def __init__(self, block, spec, tensors, *, max_tokens, backend, label,
                      use_dispatcher, released_bytes=0, name=None, tp_comm=None, ep=None):
             kw = spec.kwargs(tensors)
+            # what the layer holds: the spec's borrowed and copied bytes; a parallel layer
+            # its shards instead (copies where a shard is not a view of the block's tensor)
+            self_bytes = (spec.borrowed_bytes, spec.copied_bytes)
             if tp_comm is not None:  # this rank's shard of I (copies), the partials summed
                 kw = shard_for_tp(kw, tp_comm.rank, tp_comm.nranks)
+                self_bytes = held_bytes(kw, block)
                 kw["tp_comm"] = tp_comm
             if ep is not None:  # this rank's experts (copies), each rank's own tokens
                 comm = ep["ep_comm"]
                 kw = shard_for_ep(kw, comm.rank, comm.nranks, ep.get("ep_owner"))
+                self_bytes = held_bytes(kw, block)
                 kw.update(ep)
             router, w13, w2 = kw.pop("router_weight"), kw.pop("w13"), kw.pop("w2")
             super().__init__(router, w13, w2, max_tokens=max_tokens, backend=backend,
@@ -99,6 +124,7 @@ def _make_layer_class():
             self.spec = spec
             self.module_name = name
             self.released_bytes = int(released_bytes)
+            self.borrowed_bytes, self.copied_bytes = (int(b) for b in self_bytes)
             self.__dict__["_returns_scores"] = spec.returns == "hidden_and_scores"
             self.__dict__["_score_scale"] = float(spec.score_scale)
             taken = set(dir(type(self))) | set(self.__dict__)
@@ -315,7 +341,8 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
     forward-only (under torch.no_grad() / inference_mode(), as generate() does), under
     torch.compile and in CUDA graphs (max_tokens: the most tokens one forward of a layer
     may take inside a capture). unpatch_model(model) restores the blocks. tp_comm: tensor
-    parallelism over the communicator's ranks, each holding the whole model on its GPU;
+    parallelism over the communicator's ranks, each holding the whole model on its GPU (the
+    report's copied bytes then count the rank's shards);
     ep_comm (with ep_mode, ep_max_tokens, ep_owner): expert parallelism, each rank running
     the model on its own inputs (from_transformers says how)."""
     who = "safecuda.torch.patch_model"
@@ -335,6 +362,7 @@ def patch_model(model, *, max_tokens=256, backend="auto", release_originals=Fals
                                       ep_max_tokens=ep_max_tokens, ep_owner=ep_owner,
                                       _name=name, _spec=spec)
             entry.released_bytes = layer.released_bytes
+            entry.borrowed_bytes, entry.copied_bytes = layer.borrowed_bytes, layer.copied_bytes
             _set(model, name, layer)
             done.append((name, layer))
     except BaseException:
@@ -396,5 +424,5 @@ def unpatch_model(model):
 
 
 __all__ = ["MoESpec", "PatchEntry", "PatchReport", "UnsupportedBlockError", "check_devices",
-           "check_dtypes", "check_placement", "from_transformers", "layer_class", "moe_spec",
-           "patch_model", "plan", "unpatch_model"]
+           "check_dtypes", "check_placement", "from_transformers", "held_bytes", "layer_class",
+           "moe_spec", "patch_model", "plan", "unpatch_model"]

@@ -67,3 +67,32 @@ def test_refusals():
         shard_for_ep(kw, 0, 2, [0, 5, 0, 0, 0, 0, 0, 0])
     with pytest.raises(ValueError, match="rank 1 of 2 holds none of the 8 experts"):
         shard_for_ep(kw, 1, 2, [0] * E)
+
+
+def test_held_bytes_count_the_ranks_shards_as_copies():
+    """patch_model's report for a parallel layer (safecuda._hf.held_bytes): what shares the
+    block's storage is borrowed, the rank's shards (copies) are copied; one tensor passed
+    twice counts once."""
+    from safecuda._hf import held_bytes
+    from safecuda._tp import shard_for_tp
+
+    kw = _kw(False)
+    block = torch.nn.Module()
+    for name, t in kw.items():
+        if isinstance(t, torch.Tensor):
+            block.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+    kw = {n: getattr(block, n) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+
+    def nbytes(*names):
+        return sum(kw[n].numel() * kw[n].element_size() for n in names)
+
+    experts = ("w13", "w2", "w13_bias", "w2_bias")
+    whole = ("router_weight", "shared_w13", "shared_w2")
+    assert held_bytes(kw, block) == (nbytes(*experts, *whole), 0)
+    assert held_bytes(dict(kw, again=kw["w13"]), block) == (nbytes(*experts, *whole), 0)
+    ep = shard_for_ep(kw, 1, 4)  # two of the eight experts, copied; the rest whole
+    assert held_bytes(ep, block) == (nbytes(*whole), nbytes(*experts) // 4)
+    tp = shard_for_tp(kw, 1, 2)  # half of I of every expert and of the shared expert
+    assert held_bytes(tp, block) == (nbytes("router_weight", "w2_bias"),
+                                      nbytes("w13", "w2", "w13_bias", "shared_w13",
+                                             "shared_w2") // 2)

@@ -233,6 +233,9 @@ def _tp_transformers(rank, comm, dev):
             sct.unpatch_model(model)
             report = sct.patch_model(model, tp_comm=comm)
             assert len(report.patched) == len(plan.patched) > 0, (name, str(report))
+            # the rank's shards are copies, fewer bytes than the whole experts
+            whole = plan.borrowed_bytes + plan.copied_bytes
+            assert 0 < report.copied_bytes < whole, (name, str(report), str(plan))
             close(model(ids).logits, "ids", "tensor-parallel logits")
             sct.unpatch_model(model)
             # expert parallel: each rank its experts and its own inputs (here rank r's ids
@@ -241,6 +244,7 @@ def _tp_transformers(rank, comm, dev):
                 report = sct.patch_model(model, ep_comm=comm, ep_mode=mode,
                                          ep_max_tokens=64 if mode == "low_latency" else 0)
                 assert len(report.patched) == len(plan.patched), (name, str(report))
+                assert 0 < report.copied_bytes < whole, (name, mode, str(report), str(plan))
                 close(model(mine).logits, "mine", f"expert-parallel ({mode}) logits")
                 sct.unpatch_model(model)
         torch.cuda.synchronize(dev)
