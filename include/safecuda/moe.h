@@ -25,11 +25,12 @@
  *   both projections; a shared expert every token uses (DeepSeek-V3, Kimi K2, Qwen3-Next),
  *   optionally gated by sigmoid(x . gate row), computed in the same grouped GEMMs;
  * - weights as views into larger buffers (a checkpoint loaded as one allocation), at any
- *   16-byte aligned offset (on sm_90 the GEMMs start K early by the view's misalignment
- *   within 128 bytes, so that every copy stays 128-byte aligned, bf16 and fp8 alike (fp8
- *   splits each step at its 128-wide scale block); SAFECUDA_MOE_KSHIFT=0 turns it off; the
- *   sums then split K elsewhere than for the same weights 128-byte aligned, so the two
- *   agree to rounding, not bitwise, but for fp8 weights at multiples of 32 bytes);
+ *   16-byte aligned offset (on sm_90 the bf16 GEMMs start K early by the view's
+ *   misalignment within 128 bytes, so that every copy stays 128-byte aligned; the sums then
+ *   split K elsewhere than for the same weights 128-byte aligned, so the two agree to
+ *   rounding, not bitwise; SAFECUDA_MOE_KSHIFT=0 turns it off. fp8 weights at such offsets
+ *   read unaligned copies, bitwise as if aligned; SAFECUDA_MOE_KSHIFT=fp8 shifts them too,
+ *   each step split at its 128-wide scale block: slower, docs/BENCHMARKS.md);
  * - out += layer(x) (the residual add in the same pass);
  * - tensor parallelism over several GPUs: each rank a layer over its shard of I, the partial
  *   outputs all-reduced over an NCCL communicator (sc_moe_desc.tp_comm, docs/MULTI_GPU.md);
