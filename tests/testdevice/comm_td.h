@@ -44,6 +44,17 @@ static struct {
     long (*pending)(void);
 } ncclfault;
 
+/* A rank thread's outcome: s (a call's status) or, when it succeeded, the wait for comm's
+ * work; the status into *status and the last error's text into message. */
+static inline void rank_outcome(sc_status s, sc_comm comm, sc_status *status, char *message,
+                                size_t size)
+{
+    if (s == SC_OK)
+        s = sc_comm_synchronize(comm);
+    *status = s;
+    snprintf(message, size, "%s", sc_last_error());
+}
+
 static inline void comm_td_attach(void)
 {
     fake_attach();

@@ -473,11 +473,8 @@ static void *rank_fails_after_exchange(void *arg)
     CHECK_OK(sc_comm_synchronize(mm_comms[r]));
     pthread_barrier_wait(&fx_barrier); /* the fault is set */
     pthread_barrier_wait(&fx_barrier);
-    sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL);
-    if (s == SC_OK)
-        s = sc_comm_synchronize(mm_comms[r]);
-    mm_status[r] = s;
-    snprintf(mm_message[r], sizeof mm_message[r], "%s", sc_last_error());
+    rank_outcome(sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL), mm_comms[r],
+                 &mm_status[r], mm_message[r], sizeof mm_message[r]);
     return NULL;
 }
 

@@ -125,11 +125,8 @@ static void *rank_mismatched(void *arg)
     REQUIRE(sc_buffer_view(mm[r].w[4], 0, (uint64_t)(r == 0 ? 5 : 4) * H, &x) == SC_OK);
     sc_view out = x;
     out.buffer = mm[r].w[5];
-    sc_status s = sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL);
-    if (s == SC_OK)
-        s = sc_comm_synchronize(mm_comms[r]);
-    mm_status[r] = s;
-    snprintf(mm_message[r], sizeof mm_message[r], "%s", sc_last_error());
+    rank_outcome(sc_moe_forward(SC_DEFAULT_STREAM, mm[r].layer, x, out, NULL), mm_comms[r],
+                 &mm_status[r], mm_message[r], sizeof mm_message[r]);
     return NULL;
 }
 
