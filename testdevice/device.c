@@ -1,6 +1,6 @@
-/* The test device's devices and the primary context (the model: testdevice.c's header
- * comment): device count, names, attributes, the primary context's reference count and the
- * thread-local current context. */
+/* The test device's devices and their primary contexts (the model: testdevice.c's header
+ * comment): device count, names, attributes, each primary context's reference count and
+ * the thread-local current context. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,18 +155,19 @@ CUresult f_cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
     CUresult r;
     CHECKS(r, device_ok(d, fn), not_null(c, fn, "context"));
     if (r == CUDA_SUCCESS) {
-        primary.refcount++;
-        *c = (CUcontext)(void *)&primary;
+        primaries[d].refcount++;
+        *c = (CUcontext)(void *)&primaries[d];
     }
     td_unlock();
     return r;
 }
 
-static void reclaim_device_memory(void)
+/* Device d's primary context went: its device allocations are freed. */
+static void reclaim_device_memory(CUdevice d)
 {
     size_t k = 0;
     for (size_t i = 0; i < n_allocs; i++) {
-        if (!allocs[i].is_host) {
+        if (!allocs[i].is_host && allocs[i].ctx == &primaries[d]) {
             if (allocs[i].pool && set_has(&pools, allocs[i].pool))
                 allocs[i].pool->used -= allocs[i].size;
             device_used -= allocs[i].size;
@@ -186,12 +187,12 @@ CUresult f_cuDevicePrimaryCtxRelease(CUdevice d)
     td_lock();
     CUresult r;
     CHECKS(r, device_ok(d, fn),
-           refuse_if(primary.refcount <= 0, CUDA_ERROR_INVALID_CONTEXT, fn,
-                     "the primary context is not retained"));
-    if (r == CUDA_SUCCESS && --primary.refcount == 0) {
+           refuse_if(primaries[d].refcount <= 0, CUDA_ERROR_INVALID_CONTEXT, fn,
+                     "device %d's primary context is not retained", d));
+    if (r == CUDA_SUCCESS && --primaries[d].refcount == 0) {
         primary_releases_to_zero++;
         if (reclaim_on_release)
-            reclaim_device_memory();
+            reclaim_device_memory(d);
     }
     td_unlock();
     return r;
@@ -206,7 +207,7 @@ CUresult f_cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active)
            refuse_if(!flags || !active, CUDA_ERROR_INVALID_VALUE, fn, "NULL out-pointer"));
     if (r == CUDA_SUCCESS) {
         *flags = 0;
-        *active = primary.refcount > 0;
+        *active = primaries[d].refcount > 0;
     }
     td_unlock();
     return r;
@@ -217,9 +218,10 @@ CUresult f_cuCtxSetCurrent(CUcontext c)
     static const char fn[] = "cuCtxSetCurrent";
     td_lock();
     CUresult r;
+    const fake_ctx *fc = (const fake_ctx *)(void *)c;
     CHECKS(r, need_init(fn),
-           refuse_if(c && (fake_ctx *)(void *)c != &primary, CUDA_ERROR_INVALID_CONTEXT, fn,
-                     "unknown context %p", (void *)c));
+           refuse_if(c && !(fc >= primaries && fc < primaries + n_devices),
+                     CUDA_ERROR_INVALID_CONTEXT, fn, "unknown context %p", (void *)c));
     if (r == CUDA_SUCCESS)
         current = (fake_ctx *)(void *)c;
     td_unlock();

@@ -101,7 +101,8 @@ static CUresult device_alloc(CUdeviceptr *p, size_t n, fake_pool *pool, const ch
     void *mem = NULL;
     if (posix_memalign(&mem, 256, n) != 0 || !mem)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!push_alloc((fake_alloc){.base = (uintptr_t)mem, .size = n, .pool = pool})) {
+    if (!push_alloc((fake_alloc){.ctx = current, .base = (uintptr_t)mem, .size = n,
+                                 .pool = pool})) {
         free(mem);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -350,7 +351,8 @@ CUresult f_cuMemHostAlloc(void **p, size_t n, unsigned flags)
         if (n > host_limit || host_used > host_limit - n ||
             posix_memalign(&mem, 4096, n) != 0 || !mem) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else if (!push_alloc((fake_alloc){.base = (uintptr_t)mem, .size = n, .is_host = 1})) {
+        } else if (!push_alloc((fake_alloc){.ctx = current, .base = (uintptr_t)mem, .size = n,
+                                            .is_host = 1})) {
             free(mem);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
@@ -384,7 +386,7 @@ CUresult f_cuMemFreeHost(void *p)
 
 /* A context that is not the primary one, for allocations a test marks as another
  * context's (only its address is used). */
-static fake_ctx foreign_ctx = {CTX_MAGIC, 1};
+static fake_ctx foreign_ctx = {CTX_MAGIC, 1, 0};
 
 /* The attributes safecuda asks about (CU_POINTER_ATTRIBUTE_*): the truth about the live
  * allocation that contains p, or what a test set. An address in no live allocation
@@ -413,11 +415,13 @@ CUresult f_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
         *(unsigned char *)data = (unsigned char)(a->attrs_set && a->managed); /* a bool */
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = a->attrs_set ? a->ordinal : 0;
+        *(int *)data = a->attrs_set ? a->ordinal : a->ctx ? a->ctx->device : 0;
         break;
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = (CUcontext)(void *)(a->attrs_set && a->foreign_context ? &foreign_ctx
-                                                                                   : &primary);
+        *(CUcontext *)data =
+            (CUcontext)(void *)(a->attrs_set && a->foreign_context ? &foreign_ctx
+                                : a->ctx                           ? a->ctx
+                                                                   : &primaries[0]);
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         *(CUdeviceptr *)data = p; /* one address space (UVA): the same address */

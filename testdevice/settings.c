@@ -78,7 +78,7 @@ int td_read_settings(td_settings *s, char *error, size_t size)
     if ((v = setting(name = "SAFECUDA_TESTDEVICE_DEVICES"))) {
         if (!whole(v, 0, 8, &n)) {
             accepted = "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) to 8 (the default "
-                       "is 1); several devices share one primary context and one memory";
+                       "is 1); each device has its primary context, all share one memory";
             goto bad;
         }
         s->n_devices = (int)n;

@@ -23,6 +23,7 @@ CUresult f_cuStreamCreateWithPriority(CUstream *s, unsigned flags, int prio)
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             st->magic = STREAM_MAGIC;
+            st->ctx = current;
             st->flags = flags;
             st->priority = prio < -5 ? -5 : prio > 0 ? 0 : prio;
             *s = (CUstream)(void *)st;
@@ -102,8 +103,10 @@ CUresult f_cuStreamGetCtx(CUstream s, CUcontext *c)
         /* The built-in streams answer the current context, as CUDA does. A stream a test
          * moved to another context answers a context that is not the primary one. */
         static int other;
-        int moved = (uintptr_t)s > 2 && ((fake_stream *)(void *)s)->other_context;
-        *c = moved ? (CUcontext)(void *)&other : (CUcontext)(void *)current;
+        const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
+        *c = st && st->other_context ? (CUcontext)(void *)&other
+             : st                    ? (CUcontext)(void *)st->ctx
+                                     : (CUcontext)(void *)current;
     }
     td_unlock();
     return r;
@@ -181,6 +184,7 @@ CUresult f_cuEventCreate(CUevent *e, unsigned flags)
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             ev->magic = EVENT_MAGIC;
+            ev->ctx = current;
             ev->flags = flags;
             ev->serial = ++event_serial;
             *e = (CUevent)(void *)ev;
@@ -206,13 +210,29 @@ CUresult f_cuEventDestroy(CUevent e)
     return r;
 }
 
+/* An event is recorded on a stream of its own context (a built-in stream: the current
+ * one's); CUDA answers CUDA_ERROR_INVALID_HANDLE otherwise. A stream a test moved to
+ * another context is not looked at. */
+static CUresult same_context(CUevent e, CUstream s, const char *fn)
+{
+    const fake_event *ev = (const fake_event *)(void *)e;
+    const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
+    if (st && st->other_context)
+        return CUDA_SUCCESS;
+    const fake_ctx *sc = st ? st->ctx : current;
+    return refuse_if(ev->ctx != sc, CUDA_ERROR_INVALID_HANDLE, fn,
+                     "an event of device %d's context recorded on a stream of device %d's",
+                     ev->ctx ? ev->ctx->device : -1, sc ? sc->device : -1);
+}
+
 CUresult f_cuEventRecord(CUevent e, CUstream s)
 {
     static const char fn[] = "cuEventRecord";
     struct fake_capture *cap = NULL;
     td_lock();
     CUresult r;
-    CHECKS(r, need_ctx(fn), event_ok(e, fn), need_stream(s, fn), td_capture_of(s, fn, &cap));
+    CHECKS(r, need_ctx(fn), event_ok(e, fn), need_stream(s, fn), same_context(e, s, fn),
+           td_capture_of(s, fn, &cap));
     if (r == CUDA_SUCCESS)
         r = td_event_record((fake_event *)(void *)e, cap, s);
     if (r == CUDA_SUCCESS && !cap)

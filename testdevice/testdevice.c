@@ -21,7 +21,7 @@
  *     (H100-like) attributes; SAFECUDA_TESTDEVICE_MEMORY_MB (default 4096) sets its memory,
  *     SAFECUDA_TESTDEVICE_PINNED_MB (default 1024) caps pinned host memory,
  *     SAFECUDA_TESTDEVICE_DEVICES=0 makes cuInit answer CUDA_ERROR_NO_DEVICE (1, one device,
- *     is the default; up to 8 devices share the one primary context and the one memory:
+ *     is the default; up to 8 devices, each with its primary context, sharing one memory:
  *     enough for the bookkeeping of multi-GPU code, safecuda's communicators);
  *     SAFECUDA_TESTDEVICE_DRIVER_VERSION=12030 (for example, 12000 .. 13000) reports an
  *     older driver, which lacks the entry points that came after that version;
@@ -29,8 +29,11 @@
  *     capability (the other attributes stay the H100's); a value outside these forms, for
  *     any of the variables, makes cuInit fail and safecuda_testdevice_settings_error say
  *     which and what is accepted (settings.c), which the library quotes;
- *   - the primary context with a reference count (a release to 0 frees nothing by itself,
- *     it is only counted), a thread-local current context;
+ *   - each device's primary context with a reference count (a release to 0 frees nothing
+ *     by itself, it is only counted), a thread-local current context; streams, events and
+ *     allocations belong to the context current when they were made (pointer attributes
+ *     say which), and an event recorded on a stream of another context is refused
+ *     (CUDA_ERROR_INVALID_HANDLE, as CUDA);
  *   - memory pools with a release threshold, cached (freed, not yet released) bytes,
  *     trimming, and the RESERVED/USED attributes; device allocations are 256-byte-aligned
  *     malloc'd host memory, so a "device pointer" is a host address and every copy and
@@ -177,7 +180,17 @@ long refused_launches;
 static long misuse;
 static char last_misuse[512];
 
-fake_ctx primary = {CTX_MAGIC, 0};
+fake_ctx primaries[TD_MAX_DEVICES] = {
+    {CTX_MAGIC, 0, 0}, {CTX_MAGIC, 0, 1}, {CTX_MAGIC, 0, 2}, {CTX_MAGIC, 0, 3},
+    {CTX_MAGIC, 0, 4}, {CTX_MAGIC, 0, 5}, {CTX_MAGIC, 0, 6}, {CTX_MAGIC, 0, 7}};
+
+long primary_refcount_total(void)
+{
+    long n = 0;
+    for (int d = 0; d < TD_MAX_DEVICES; d++)
+        n += primaries[d].refcount;
+    return n;
+}
 long primary_releases_to_zero;
 int reclaim_on_release; /* opt-in: a release to 0 frees device memory (as CUDA) */
 long reclaimed_allocations;
@@ -284,7 +297,9 @@ CUresult need_ctx(const char *fn)
     CHECKS(r, need_init(fn),
            refuse_if(!current, CUDA_ERROR_INVALID_CONTEXT, fn, "no current context"),
            refuse_if(current->refcount <= 0, CUDA_ERROR_INVALID_CONTEXT, fn,
-                     "the current context is the primary context, released (refcount 0)"));
+                     "the current context is device %d's primary context, released "
+                     "(refcount 0)",
+                     current->device));
     return r;
 }
 
@@ -555,7 +570,7 @@ COUNTER(long, safecuda_testdevice_live_streams, streams.n)
 COUNTER(long, safecuda_testdevice_live_events, events.n)
 COUNTER(long, safecuda_testdevice_live_modules, modules.n)
 COUNTER(long, safecuda_testdevice_live_pools, pools.n)
-COUNTER(long, safecuda_testdevice_primary_refcount, primary.refcount)
+COUNTER(long, safecuda_testdevice_primary_refcount, primary_refcount_total())
 COUNTER(long, safecuda_testdevice_primary_releases_to_zero, primary_releases_to_zero)
 COUNTER(unsigned long long, safecuda_testdevice_device_used_bytes, device_used)
 COUNTER(unsigned long long, safecuda_testdevice_pool_cached_bytes, cached_total())

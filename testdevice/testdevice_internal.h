@@ -53,6 +53,7 @@ typedef struct idx_set {
 struct fake_capture;
 
 typedef struct fake_alloc {
+    const struct fake_ctx *ctx; /* the context current at its allocation */
     uintptr_t base;
     uint64_t size;
     int is_host;
@@ -72,6 +73,7 @@ typedef struct fake_stream {
     struct fake_capture *capture; /* the capture it belongs to, NULL when not capturing */
     idx_set deps;                 /* while capturing: what its next node depends on */
     int other_context;            /* a test said it belongs to a context of its own */
+    const struct fake_ctx *ctx;   /* the context current at its creation */
     int holds;                    /* unfinished work (hold.c) */
     uint64_t hold_epoch;          /* counts the times its holds all ended */
 } fake_stream;
@@ -79,6 +81,7 @@ typedef struct fake_stream {
 
 typedef struct fake_event {
     int magic;
+    const struct fake_ctx *ctx; /* the context current at its creation */
     unsigned flags;
     int recorded;        /* recorded outside a capture at least once (for timing) */
     int captured;        /* its last record was captured (in capture_id) */
@@ -120,7 +123,9 @@ typedef struct launch_attrs {
 typedef struct fake_ctx {
     int magic;
     long refcount;
+    int device; /* whose primary context it is */
 } fake_ctx;
+#define TD_MAX_DEVICES 8
 #define CTX_MAGIC 0x0c7c7c7c
 
 typedef struct fake_pool {
@@ -153,8 +158,10 @@ extern int initialized, n_devices, compute_capability, accept_launches;
 extern uint64_t total_bytes, host_limit;
 extern long refused_launches;
 
-/* The primary context (device.c uses it; memory.c names it in pointer attributes). */
-extern fake_ctx primary;
+/* The devices' primary contexts (device.c uses them; memory.c names an allocation's in its
+ * pointer attributes; streams and events belong to the one current at their creation). */
+extern fake_ctx primaries[TD_MAX_DEVICES];
+long primary_refcount_total(void);
 extern long primary_releases_to_zero, reclaimed_allocations;
 extern int reclaim_on_release;
 extern _Thread_local fake_ctx *current;

@@ -1,7 +1,8 @@
 /* The test device itself (no safecuda involved): every SCI_CU_FUNCS name resolves through
  * cuGetProcAddress_v2 and nothing else does, the error tables are complete, host-memory
  * "device" copies move bytes, and every kind of misuse is both refused and counted, so
- * a zero misuse count in the other tests means something.
+ * a zero misuse count in the other tests means something; with two devices
+ * (test_td_driver_2dev), each device's own context.
  * FAKE DRIVER FOR HOST TESTS OF BOOKKEEPING ONLY: nothing here says anything about a GPU. */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -41,6 +42,72 @@ static void *sym(void *h, const char *name)
             test_failures++;                                                              \
         }                                                                                 \
     } while (0)
+
+/* Two devices (test_td_driver_2dev): each its primary context; streams, events and
+ * allocations belong to the context current when they were made; an event recorded on a
+ * stream of another context is refused and counted (CUDA_ERROR_INVALID_HANDLE, as CUDA). */
+static void test_contexts(long (*live_device)(void))
+{
+    CUcontext c0 = NULL, c1 = NULL, got = NULL;
+    EXPECT(cu.cuDevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS, 0);
+    CHECK(c0 && c1 && c0 != c1);
+    CUstream s0 = NULL, s1 = NULL;
+    CUevent e0 = NULL, e1 = NULL;
+    CUdeviceptr p0 = 0, p1 = 0;
+    EXPECT(cu.cuCtxSetCurrent(c0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamCreateWithPriority(&s0, 0, 0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventCreate(&e0, 0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuMemAlloc(&p0, 256), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuCtxSetCurrent(c1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamCreateWithPriority(&s1, 0, 0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventCreate(&e1, 0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuMemAlloc(&p1, 256), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamGetCtx(s0, &got), CUDA_SUCCESS, 0);
+    CHECK(got == c0);
+    EXPECT(cu.cuStreamGetCtx(s1, &got), CUDA_SUCCESS, 0);
+    CHECK(got == c1);
+    EXPECT(cu.cuStreamGetCtx(NULL, &got), CUDA_SUCCESS, 0); /* the current one's */
+    CHECK(got == c1);
+    /* events: on a stream of their own context (whichever is current), nowhere else */
+    EXPECT(cu.cuEventRecord(e0, s0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventRecord(e1, s1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE, 1);
+    EXPECT(cu.cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE, 1);
+    EXPECT(cu.cuEventRecord(e0, NULL), CUDA_ERROR_INVALID_HANDLE, 1); /* c1 current */
+    EXPECT(cu.cuEventRecord(e1, NULL), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamWaitEvent(s1, e0, 0), CUDA_SUCCESS, 0); /* waits may cross */
+    /* allocations: their context and device */
+    int ordinal = -1;
+    EXPECT(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_CONTEXT, p1), CUDA_SUCCESS, 0);
+    CHECK(got == c1);
+    EXPECT(cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p1),
+           CUDA_SUCCESS, 0);
+    CHECK(ordinal == 1);
+    EXPECT(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_CONTEXT, p0), CUDA_SUCCESS, 0);
+    CHECK(got == c0);
+    EXPECT(cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p0),
+           CUDA_SUCCESS, 0);
+    CHECK(ordinal == 0);
+    EXPECT(cu.cuMemFree(p0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuMemFree(p1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventDestroy(e0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuEventDestroy(e1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamDestroy(s0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuStreamDestroy(s1), CUDA_SUCCESS, 0);
+    /* each device's primary context counts its own retains */
+    unsigned flags = 0;
+    int active = 0;
+    EXPECT(cu.cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuDevicePrimaryCtxGetState(1, &flags, &active), CUDA_SUCCESS, 0);
+    CHECK(!active);
+    EXPECT(cu.cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS, 0);
+    CHECK(active);
+    EXPECT(cu.cuDevicePrimaryCtxRelease(1), CUDA_ERROR_INVALID_CONTEXT, 1);
+    EXPECT(cu.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuCtxSetCurrent(NULL), CUDA_SUCCESS, 0);
+    CHECK(live_device() == 0);
+}
 
 int main(void)
 {
@@ -108,7 +175,8 @@ int main(void)
     EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED, 1);
     CHECK(init(0) == CUDA_SUCCESS);
     EXPECT(cu.cuDeviceGetCount(&n), CUDA_SUCCESS, 0);
-    CHECK(n == 1);
+    const char *devices = getenv("SAFECUDA_TESTDEVICE_DEVICES");
+    CHECK(n == (devices ? atoi(devices) : 1));
     int v = 0;
     EXPECT(cu.cuDriverGetVersion(&v), CUDA_SUCCESS, 0);
     CHECK(v == 13000);
@@ -286,5 +354,7 @@ int main(void)
     EXPECT(cu.cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT, 1);
     EXPECT(cu.cuCtxSetCurrent(NULL), CUDA_SUCCESS, 0);
     CHECK(live_device() == 0);
+    if (n >= 2)
+        test_contexts(live_device);
     return test_result("test_td_driver");
 }

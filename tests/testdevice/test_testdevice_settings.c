@@ -137,7 +137,7 @@ int main(void)
     for (size_t i = 0; i < sizeof bad_devices / sizeof *bad_devices; i++)
         refused("SAFECUDA_TESTDEVICE_DEVICES", bad_devices[i],
                 "0 (no device: cuInit answers CUDA_ERROR_NO_DEVICE) to 8 (the default is 1); "
-                "several devices share one primary context and one memory");
+                "each device has its primary context, all share one memory");
 
     /* Driver versions: 12000 .. 13000. */
     o = try_setting("SAFECUDA_TESTDEVICE_DRIVER_VERSION", "12030");
