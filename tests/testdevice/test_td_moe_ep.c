@@ -159,6 +159,23 @@ static void test_create_refusals(void)
 
 /* ---- a forward's refusals (one rank; nothing is enqueued, so no collective is made) ---- */
 
+/* A forward of layer on a capturing stream of rank 0's context: SC_ERR_CAPTURE, its message
+ * holding msg; the capture ends empty. */
+static void refused_in_capture(sc_moe layer, sc_view x, sc_view out,
+                               const sc_moe_forward_desc *fd, const char *msg)
+{
+    sc_stream s;
+    sc_graph g;
+    REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
+    REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
+    sc_clear_error();
+    CHECK_STATUS(sc_moe_forward(s, layer, x, out, fd), SC_ERR_CAPTURE);
+    CHECK_MSG(msg);
+    CHECK_OK(sc_stream_end_capture(s, &g));
+    CHECK_OK(sc_graph_destroy(g));
+    CHECK_OK(sc_stream_destroy(s));
+}
+
 static void test_forward_refusals(void)
 {
     rank_layer r0;
@@ -207,33 +224,13 @@ static void test_forward_refusals(void)
                       SC_ERR_TYPE_MISMATCH, "sc_moe_forward: x is f32; it must be bf16");
         CHECK_OK(sc_buffer_destroy(f));
     }
-    {   /* the first forward compares the ranks' layers (a host wait): not in a capture */
-        sc_stream s;
-        sc_graph g;
-        REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
-        REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
-        sc_clear_error();
-        CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4, NULL), SC_ERR_CAPTURE);
-        CHECK_MSG("an expert-parallel layer's first forward, which checks that the ranks' "
-                  "layers agree (a host wait; run one forward before capturing),");
-        CHECK_OK(sc_stream_end_capture(s, &g));
-        CHECK_OK(sc_graph_destroy(g));
-        CHECK_OK(sc_stream_destroy(s));
-    }
-    {   /* a profile waits: not in a capture, even in low-latency mode */
-        sc_stream s;
-        sc_graph g;
-        REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
-        REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
-        sc_clear_error();
-        CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4,
-                                    &(sc_moe_forward_desc){.profile = &prof}),
-                     SC_ERR_CAPTURE);
-        CHECK_MSG("a profiled forward (it waits for the stream)");
-        CHECK_OK(sc_stream_end_capture(s, &g));
-        CHECK_OK(sc_graph_destroy(g));
-        CHECK_OK(sc_stream_destroy(s));
-    }
+    /* the first forward compares the ranks' layers (a host wait): not in a capture */
+    refused_in_capture(r0.layer, x4, out4, NULL,
+                       "an expert-parallel layer's first forward, which checks that the ranks' "
+                       "layers agree (a host wait; run one forward before capturing),");
+    /* a profile waits: not in a capture, even in low-latency mode */
+    refused_in_capture(r0.layer, x4, out4, &(sc_moe_forward_desc){.profile = &prof},
+                       "a profiled forward (it waits for the stream)");
     /* the routing alone: over all E experts, no collective */
     sc_buffer ids = buf(ctxs[0], SC_I32, 4 * K, "ids"), wts = buf(ctxs[0], SC_F32, 4 * K, "w");
     CHECK_OK(sc_moe_route(SC_DEFAULT_STREAM, r0.layer, x4, sc_view_of(ids), sc_view_of(wts)));
@@ -244,17 +241,9 @@ static void test_forward_refusals(void)
     d.ep_mode = SC_MOE_EP_NORMAL;
     d.ep_max_tokens = 0;
     REQUIRE(sc_moe_create(ctxs[0], &d, &r0.layer) == SC_OK);
-    sc_stream s;
-    sc_graph g;
-    REQUIRE(sc_stream_create(ctxs[0], NULL, &s) == SC_OK);
-    REQUIRE(sc_stream_begin_capture(s, NULL) == SC_OK);
-    sc_clear_error();
-    CHECK_STATUS(sc_moe_forward(s, r0.layer, x4, out4, NULL), SC_ERR_CAPTURE);
-    CHECK_MSG("a normal-mode expert-parallel forward, which reads the ranks' token counts on "
-              "the host (SC_MOE_EP_LOW_LATENCY is captured whole),");
-    CHECK_OK(sc_stream_end_capture(s, &g));
-    CHECK_OK(sc_graph_destroy(g));
-    CHECK_OK(sc_stream_destroy(s));
+    refused_in_capture(r0.layer, x4, out4, NULL,
+                       "a normal-mode expert-parallel forward, which reads the ranks' token "
+                       "counts on the host (SC_MOE_EP_LOW_LATENCY is captured whole),");
     CHECK_OK(sc_moe_destroy(r0.layer));
     free_rank(&r0);
 }
