@@ -97,6 +97,11 @@ static void test_cycles(void)
      * what safecuda itself allocates per context. */
     sc_context holder;
     CHECK_OK(sc_context_create(NULL, &holder));
+    /* Free VRAM is the device's: under compute-sanitizer (its own shadow memory, and
+     * scripts/gpu-check --tools-parallel runs the four tools at once beside this) it moves
+     * for reasons of others'. The drift is asserted in the plain run only, as test_gpu_memory
+     * and test_gpu_soak do; the sanitizer's leak check covers this run. */
+    const int assert_drift = getenv("SAFECUDA_UNDER_SANITIZER") == NULL;
     uint64_t free0, total, free1;
     CHECK_OK(sc_device_memory(0, &free0, &total));
     for (int i = 0; i < 1000; i++) {
@@ -112,7 +117,7 @@ static void test_cycles(void)
     double drift = ((double)free0 - (double)free1) / MiB;
     printf("1000 context cycles: free VRAM %.1f -> %.1f MiB (drift %.3f MiB)\n", free0 / MiB,
            free1 / MiB, drift);
-    CHECK(drift <= 1.0 && drift >= -1.0);
+    CHECK(!assert_drift || (drift <= 1.0 && drift >= -1.0));
     CHECK_OK(sc_context_destroy(holder));
 
     /* Full cycles: the primary context itself is created and released each time. */
@@ -124,8 +129,9 @@ static void test_cycles(void)
     }
     CHECK_OK(sc_device_memory(0, &free1, &total));
     drift = ((double)free0 - (double)free1) / MiB;
-    printf("5 full primary-context cycles: drift %.3f MiB\n", drift);
-    CHECK(drift <= 1.0 && drift >= -1.0);
+    printf("5 full primary-context cycles: drift %.3f MiB%s\n", drift,
+           assert_drift ? "" : " (not asserted under the sanitizer)");
+    CHECK(!assert_drift || (drift <= 1.0 && drift >= -1.0));
 }
 
 #define THREADS 8
