@@ -15,6 +15,13 @@
  * safecuda's checks and ordering per call. On safecuda's test device (host memory, no
  * kernels: a smoke test of this program) the peer is left out.
  *
+ * A second raw peer, "NCCL nb": the same calls on NCCL communicators made non-blocking
+ * (ncclCommInitRankConfig, config.blocking = 0: the mode safecuda's communicators use, so that
+ * a collective whose peer never comes can be abandoned by its timeout), each call's group
+ * waited for as safecuda waits (ncclCommGetAsyncError until it is no longer in progress, a
+ * yield between looks) before the next. NCCL finishes a non-blocking group in a thread of its
+ * own; the column shows what that mode costs by itself, apart from safecuda's checks.
+ *
  *   bench_comm [--gpus N] [--out DIR] [--quick]      (N: 2 .. the GPUs there; default all)
  *
  * Needs 2 GPUs: with fewer it exits 77 (skipped), saying so. NCCL_NVLS_ENABLE=0 is set
@@ -23,6 +30,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include "bench_common.h"
 #include "raw_driver.h"
@@ -37,9 +45,24 @@ typedef struct ncclComm *ncclComm_t;
 typedef int ncclResult_t;
 enum { ncclBfloat16 = 9 };
 enum { ncclSum = 0 };
+enum { ncclInProgress = 7 };
+typedef struct { char internal[128]; } ncclUniqueId;
+/* ncclConfig_t's first fields (ncclConfig_v21700), as NCCL_CONFIG_INITIALIZER fills them */
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking, cgaClusterSize, minCTAs, maxCTAs;
+    const char *netName;
+    int splitShare;
+} nccl_config;
+#define NCCL_UNDEF_INT (-2147483647 - 1)
 
 static struct {
     ncclResult_t (*CommInitAll)(ncclComm_t *comms, int n, const int *devs);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *id);
+    ncclResult_t (*CommInitRankConfig)(ncclComm_t *comm, int n, ncclUniqueId id, int rank,
+                                       nccl_config *config);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t comm, ncclResult_t *state);
     ncclResult_t (*CommDestroy)(ncclComm_t comm);
     ncclResult_t (*AllReduce)(const void *src, void *dst, size_t count, int dtype, int op,
                               ncclComm_t comm, CUstream stream);
@@ -80,6 +103,9 @@ static void nccl_load(void)
         }                                                                       \
     } while (0)
     NCCL_SYM(CommInitAll, "ncclCommInitAll");
+    NCCL_SYM(GetUniqueId, "ncclGetUniqueId");
+    NCCL_SYM(CommInitRankConfig, "ncclCommInitRankConfig");
+    NCCL_SYM(CommGetAsyncError, "ncclCommGetAsyncError");
     NCCL_SYM(CommDestroy, "ncclCommDestroy");
     NCCL_SYM(AllReduce, "ncclAllReduce");
     NCCL_SYM(Send, "ncclSend");
@@ -109,13 +135,48 @@ static int nranks;
 static bool no_peer; /* the test device: safecuda's side only */
 static rank_state ranks[MAX_GPUS];
 static sc_comm comms[MAX_GPUS];
-static ncclComm_t raw[MAX_GPUS];
+static ncclComm_t raw[MAX_GPUS], raw_nb[MAX_GPUS];
+typedef enum { USE_SAFECUDA, USE_RAW, USE_RAW_NB } use_kind;
+
+/* Wait for a non-blocking communicator's calls to be issued (as safecuda does). */
+static void nb_wait(ncclComm_t comm)
+{
+    ncclResult_t state = ncclInProgress;
+    for (;;) {
+        NCCL_TRY(nccl.CommGetAsyncError(comm, &state));
+        if (state != ncclInProgress)
+            break;
+        sched_yield();
+    }
+    NCCL_TRY(state);
+}
+
+/* Non-blocking communicators over the first n GPUs, one thread making them all (a group). */
+static void init_nonblocking(int n)
+{
+    ncclUniqueId id;
+    NCCL_TRY(nccl.GetUniqueId(&id));
+    NCCL_TRY(nccl.GroupStart());
+    for (int r = 0; r < n; r++) {
+        nccl_config cfg = {sizeof cfg, 0xcafebeefu, 21904, 0, NCCL_UNDEF_INT, NCCL_UNDEF_INT,
+                           NCCL_UNDEF_INT, NULL, NCCL_UNDEF_INT};
+        CU_TRY(rd.cuCtxSetCurrent(raw_driver_primary_context(r)));
+        ncclResult_t res = nccl.CommInitRankConfig(&raw_nb[r], n, id, r, &cfg);
+        if (res != ncclInProgress)
+            NCCL_TRY(res);
+    }
+    ncclResult_t end = nccl.GroupEnd();
+    if (end != ncclInProgress)
+        NCCL_TRY(end);
+    for (int r = 0; r < n; r++)
+        nb_wait(raw_nb[r]);
+}
 static pthread_barrier_t barrier, rank_barrier; /* main + ranks; the ranks alone */
 
 /* What every thread runs next (set by the main thread between barriers). */
 static struct {
     op_kind op;
-    bool use_raw;
+    use_kind use;
     uint64_t bytes;
     int reps, samples, warmup;
     bool quit;
@@ -125,12 +186,18 @@ static double sample_ms[MAX_GPUS][64];
 static void issue(rank_state *s)
 {
     const int n = nranks;
+    const bool use_raw = job.use != USE_SAFECUDA;
+    ncclComm_t rc = job.use == USE_RAW_NB ? raw_nb[s->r] : raw[s->r];
     if (job.op == OP_ALL_REDUCE) {
         const uint64_t count = job.bytes / 2;
-        if (job.use_raw) {
-            NCCL_TRY(nccl.AllReduce((const void *)(uintptr_t)s->src_ptr,
-                                    (void *)(uintptr_t)s->dst_ptr, count, ncclBfloat16, ncclSum,
-                                    raw[s->r], s->cu));
+        if (use_raw) {
+            ncclResult_t res = nccl.AllReduce((const void *)(uintptr_t)s->src_ptr,
+                                              (void *)(uintptr_t)s->dst_ptr, count, ncclBfloat16,
+                                              ncclSum, rc, s->cu);
+            if (job.use == USE_RAW_NB && res == ncclInProgress)
+                nb_wait(rc);
+            else
+                NCCL_TRY(res);
         } else {
             sc_view src, dst;
             SC_TRY(sc_buffer_view(s->src, 0, count, &src));
@@ -140,15 +207,19 @@ static void issue(rank_state *s)
         return;
     }
     const uint64_t per = job.bytes / 2 / (uint64_t)n; /* bf16 elements to each peer */
-    if (job.use_raw) {
+    if (use_raw) {
         NCCL_TRY(nccl.GroupStart());
         for (int p = 0; p < n; p++) {
             NCCL_TRY(nccl.Send((const void *)(uintptr_t)(s->src_ptr + 2 * p * per), per,
-                               ncclBfloat16, p, raw[s->r], s->cu));
+                               ncclBfloat16, p, rc, s->cu));
             NCCL_TRY(nccl.Recv((void *)(uintptr_t)(s->dst_ptr + 2 * p * per), per, ncclBfloat16,
-                               p, raw[s->r], s->cu));
+                               p, rc, s->cu));
         }
-        NCCL_TRY(nccl.GroupEnd());
+        ncclResult_t end = nccl.GroupEnd();
+        if (job.use == USE_RAW_NB && end == ncclInProgress)
+            nb_wait(rc);
+        else
+            NCCL_TRY(end);
     } else {
         sc_view src, dst;
         SC_TRY(sc_buffer_view(s->src, 0, per * n, &src));
@@ -184,10 +255,10 @@ static void *rank_main(void *arg)
 }
 
 /* The median over samples of the slowest rank's time per collective (ms). */
-static double run_job(op_kind op, bool use_raw, uint64_t bytes, bool quick)
+static double run_job(op_kind op, use_kind use, uint64_t bytes, bool quick)
 {
     job.op = op;
-    job.use_raw = use_raw;
+    job.use = use;
     job.bytes = bytes;
     job.reps = bytes <= (1u << 20) ? 20 : bytes <= (64u << 20) ? 5 : 1;
     job.samples = quick ? 5 : 25;
@@ -269,8 +340,10 @@ int main(int argc, char **argv)
     int devs[MAX_GPUS];
     for (int r = 0; r < nranks; r++)
         devs[r] = r;
-    if (!no_peer)
+    if (!no_peer) {
         NCCL_TRY(nccl.CommInitAll(raw, nranks, devs));
+        init_nonblocking(nranks);
+    }
 
     pthread_barrier_init(&barrier, NULL, (unsigned)nranks + 1);
     pthread_barrier_init(&rank_barrier, NULL, (unsigned)nranks);
@@ -284,30 +357,33 @@ int main(int argc, char **argv)
     char path[4096];
     FILE *csv = bench_open_out(&o, "bench_comm.csv", path, sizeof path);
     if (csv)
-        fprintf(csv, "op,gpus,bytes_per_rank,safecuda_ms,nccl_ms,safecuda_busbw_gbs,nccl_busbw_gbs\n");
-    double best_bw[N_OPS] = {0, 0}, worst_ratio = 0;
+        fprintf(csv, "op,gpus,bytes_per_rank,safecuda_ms,nccl_ms,nccl_nonblocking_ms,"
+                     "safecuda_busbw_gbs,nccl_busbw_gbs\n");
+    double best_bw[N_OPS] = {0, 0}, worst_ratio = 0, worst_nb = 0;
     for (int op = 0; op < N_OPS; op++) {
         printf("\n%s on %d GPUs (bytes per rank; bus bandwidth as nccl-tests defines it)\n",
                op_name[op], nranks);
-        printf("%12s %12s %12s %14s %14s %10s\n", "bytes", "safecuda ms", "NCCL ms",
-               "safecuda GB/s", "NCCL GB/s", "sc / NCCL");
+        printf("%12s %12s %12s %12s %14s %14s %10s %10s\n", "bytes", "safecuda ms", "NCCL ms",
+               "NCCL nb ms", "safecuda GB/s", "NCCL GB/s", "sc / NCCL", "sc / nb");
         for (int i = 0; i < nsizes; i++) {
             uint64_t bytes = sizes[i] / (2u * (uint64_t)nranks) * (2u * (uint64_t)nranks);
-            const double raw_ms = no_peer ? NAN : run_job((op_kind)op, true, bytes, o.quick);
-            const double sc_ms = run_job((op_kind)op, false, bytes, o.quick);
+            const double raw_ms = no_peer ? NAN : run_job((op_kind)op, USE_RAW, bytes, o.quick);
+            const double nb_ms = no_peer ? NAN : run_job((op_kind)op, USE_RAW_NB, bytes, o.quick);
+            const double sc_ms = run_job((op_kind)op, USE_SAFECUDA, bytes, o.quick);
             const double sc_bw = bus_gbs((op_kind)op, bytes, sc_ms);
             const double raw_bw = bus_gbs((op_kind)op, bytes, raw_ms);
             char name[32];
-            printf("%12s %12.4f %12.4f %14.1f %14.1f %10.3f\n",
-                   bench_size_name(bytes, name, sizeof name), sc_ms, raw_ms, sc_bw, raw_bw,
-                   sc_ms / raw_ms);
+            printf("%12s %12.4f %12.4f %12.4f %14.1f %14.1f %10.3f %10.3f\n",
+                   bench_size_name(bytes, name, sizeof name), sc_ms, raw_ms, nb_ms, sc_bw, raw_bw,
+                   sc_ms / raw_ms, sc_ms / nb_ms);
             if (csv)
-                fprintf(csv, "%s,%d,%" PRIu64 ",%.6f,%.6f,%.2f,%.2f\n",
+                fprintf(csv, "%s,%d,%" PRIu64 ",%.6f,%.6f,%.6f,%.2f,%.2f\n",
                         op == OP_ALL_REDUCE ? "all_reduce" : "all_to_all", nranks, bytes, sc_ms,
-                        raw_ms, sc_bw, raw_bw);
+                        raw_ms, nb_ms, sc_bw, raw_bw);
             if (!no_peer) {
                 best_bw[op] = fmax(best_bw[op], raw_bw);
                 worst_ratio = fmax(worst_ratio, sc_ms / raw_ms);
+                worst_nb = fmax(worst_nb, sc_ms / nb_ms);
             }
         }
     }
@@ -317,8 +393,10 @@ int main(int argc, char **argv)
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&barrier);
     pthread_barrier_destroy(&rank_barrier);
-    for (int r = 0; r < nranks && !no_peer; r++)
+    for (int r = 0; r < nranks && !no_peer; r++) {
         NCCL_TRY(nccl.CommDestroy(raw[r]));
+        NCCL_TRY(nccl.CommDestroy(raw_nb[r]));
+    }
     for (int r = 0; r < nranks; r++)
         SC_TRY(sc_comm_destroy(comms[r]));
     for (int r = 0; r < nranks; r++) {
@@ -335,7 +413,8 @@ int main(int argc, char **argv)
         printf("\nwrote %s\n", path);
     }
     printf("\nsummary: %d GPUs: NCCL's best bus bandwidth all-reduce %.1f GB/s, all-to-all "
-           "%.1f GB/s; safecuda's checked collectives at most %.3fx NCCL's time\n",
-           nranks, best_bw[OP_ALL_REDUCE], best_bw[OP_ALL_TO_ALL], worst_ratio);
+           "%.1f GB/s; safecuda's checked collectives at most %.3fx NCCL's time (%.3fx that of "
+           "NCCL's non-blocking mode)\n",
+           nranks, best_bw[OP_ALL_REDUCE], best_bw[OP_ALL_TO_ALL], worst_ratio, worst_nb);
     return 0;
 }
