@@ -51,6 +51,7 @@ CUresult f_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n,
         return CUDA_ERROR_INVALID_IMAGE;
     }
     td_lock();
+    mod->ctx = current;
     int ok = set_add(&modules, mod);
     static uint64_t func_serial;
     for (int i = 0; ok && i < mod->n_funcs; i++) {
@@ -448,6 +449,28 @@ static CUresult check_launch(const fake_func *fu, const unsigned g[3], const uns
 /* A launch: validated, then recorded on a capturing stream; otherwise nothing runs (this is
  * not a GPU), so it is refused, unless safecuda's own bookkeeping tests asked for launches
  * to be accepted without running. */
+/* A kernel runs in the context its module was loaded into, which must be the current one,
+ * on a stream of that context (a built-in stream: the current one's); CUDA answers
+ * CUDA_ERROR_INVALID_HANDLE otherwise. A stream a test moved to another context is not
+ * looked at. */
+static CUresult launch_context(CUfunction f, CUstream s, const char *fn)
+{
+    const fake_func *fu = (const fake_func *)(void *)f;
+    const fake_ctx *mc = fu->module ? fu->module->ctx : current;
+    if (mc != current)
+        return refuse_if(1, CUDA_ERROR_INVALID_HANDLE, fn,
+                         "a kernel of a module loaded in device %d's context launched while "
+                         "device %d's is current",
+                         mc ? mc->device : -1, current ? current->device : -1);
+    const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
+    if (!st || st->other_context)
+        return CUDA_SUCCESS;
+    return refuse_if(st->ctx != current, CUDA_ERROR_INVALID_HANDLE, fn,
+                     "a kernel launched on a stream of device %d's context while device %d's "
+                     "is current",
+                     st->ctx ? st->ctx->device : -1, current ? current->device : -1);
+}
+
 static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], unsigned shared,
                        CUstream s, void **params, void **extra, const launch_attrs *a,
                        const char *fn)
@@ -455,7 +478,8 @@ static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], u
     struct fake_capture *cap = NULL;
     td_lock();
     CUresult r;
-    CHECKS(r, need_ctx(fn), func_ok(f, fn), need_stream(s, fn), td_capture_of(s, fn, &cap));
+    CHECKS(r, need_ctx(fn), func_ok(f, fn), need_stream(s, fn), launch_context(f, s, fn),
+           td_capture_of(s, fn, &cap));
     if (r == CUDA_SUCCESS)
         r = check_launch((const fake_func *)(void *)f, g, b, shared, params, extra, a, fn);
     if (r == CUDA_SUCCESS && cap)

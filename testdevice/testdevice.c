@@ -30,10 +30,12 @@
  *     any of the variables, makes cuInit fail and safecuda_testdevice_settings_error say
  *     which and what is accepted (settings.c), which the library quotes;
  *   - each device's primary context with a reference count (a release to 0 frees nothing
- *     by itself, it is only counted), a thread-local current context; streams, events and
- *     allocations belong to the context current when they were made (pointer attributes
- *     say which), and an event recorded on a stream of another context is refused
- *     (CUDA_ERROR_INVALID_HANDLE, as CUDA);
+ *     by itself, it is only counted), a thread-local current context; streams, events,
+ *     modules and allocations belong to the context current when they were made (pointer
+ *     attributes say which); an event recorded on a stream of another context, a kernel
+ *     launched on one, and a kernel of a module of a context that is not current are
+ *     refused (CUDA_ERROR_INVALID_HANDLE, as CUDA); copies are not checked (CUDA copies
+ *     between contexts' memory through unified addressing);
  *   - memory pools with a release threshold, cached (freed, not yet released) bytes,
  *     trimming, and the RESERVED/USED attributes; device allocations are 256-byte-aligned
  *     malloc'd host memory, so a "device pointer" is a host address and every copy and

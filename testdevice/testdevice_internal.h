@@ -140,6 +140,7 @@ typedef struct fake_pool {
 
 typedef struct fake_module {
     int magic;
+    const struct fake_ctx *ctx; /* the context current when it was loaded */
     int n_funcs;
     fake_func **funcs;
 } fake_module;

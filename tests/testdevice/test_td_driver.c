@@ -43,9 +43,10 @@ static void *sym(void *h, const char *name)
         }                                                                                 \
     } while (0)
 
-/* Two devices (test_td_driver_2dev): each its primary context; streams, events and
+/* Two devices (test_td_driver_2dev): each its primary context; streams, events, modules and
  * allocations belong to the context current when they were made; an event recorded on a
- * stream of another context is refused and counted (CUDA_ERROR_INVALID_HANDLE, as CUDA). */
+ * stream of another context, a kernel launched on one, or a kernel of a module of another
+ * context is refused and counted (CUDA_ERROR_INVALID_HANDLE, as CUDA). */
 static void test_contexts(long (*live_device)(void))
 {
     CUcontext c0 = NULL, c1 = NULL, got = NULL;
@@ -77,6 +78,25 @@ static void test_contexts(long (*live_device)(void))
     EXPECT(cu.cuEventRecord(e0, NULL), CUDA_ERROR_INVALID_HANDLE, 1); /* c1 current */
     EXPECT(cu.cuEventRecord(e1, NULL), CUDA_SUCCESS, 0);
     EXPECT(cu.cuStreamWaitEvent(s1, e0, 0), CUDA_SUCCESS, 0); /* waits may cross */
+    /* kernels: of a module loaded in the current context, on a stream of it */
+    CUmodule m0 = NULL;
+    CUfunction add0 = NULL;
+    uint64_t a0 = 0, a1 = 0;
+    uint32_t a2 = 0;
+    void *params[] = {&a0, &a1, &a2};
+    EXPECT(cu.cuCtxSetCurrent(c0), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuModuleLoadDataEx(&m0, fake_test_ptx, 0, NULL, NULL), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuModuleGetFunction(&add0, m0, "add"), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, s0, params, NULL), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, s1, params, NULL),
+           CUDA_ERROR_INVALID_HANDLE, 1); /* device 1's stream */
+    EXPECT(cu.cuCtxSetCurrent(c1), CUDA_SUCCESS, 0);
+    EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, s1, params, NULL),
+           CUDA_ERROR_INVALID_HANDLE, 1); /* device 0's module */
+    EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_INVALID_HANDLE, 1);
+    EXPECT(cu.cuModuleUnload(m0), CUDA_SUCCESS, 0);
     /* allocations: their context and device */
     int ordinal = -1;
     EXPECT(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_CONTEXT, p1), CUDA_SUCCESS, 0);
