@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 
 #include "comm_td.h"
+#include "driver/driver.h"
 
 static char C[300];
 
@@ -272,6 +273,87 @@ static void test_graph(void)
 }
 
 /* A communicator left alive is reported and freed with its context. */
+/* A group over the GPUs of one process switches contexts (each set's ordering events, each
+ * collective's completion event, in its stream's context): each cuCtxSetCurrent of it fails
+ * once in turn (a fault injected in the library's driver wrapper). The group's call says so or
+ * goes on (a switch needed only to record an ordering mark); nothing hangs, nothing leaks,
+ * and both communicators stay usable or were aborted with a message. */
+static void test_context_switch_faults(void)
+{
+    open_contexts(2);
+    world(2, 300);
+    sc_buffer x0 = buf(ctxs[0], SC_F32, 16, "x0"), x1 = buf(ctxs[1], SC_F32, 16, "x1");
+    CHECK_OK(pair(x0, x1)); /* (the first group's own setup) */
+    CHECK_OK(sc_comm_synchronize(comms[0]));
+    CHECK_OK(sc_comm_synchronize(comms[1]));
+    int failed = 0, fired = 0;
+    for (uint64_t nth = 1; nth < 64; nth++) {
+        REQUIRE(sci_fault_arm("cuCtxSetCurrent", nth, CUDA_ERROR_INVALID_CONTEXT));
+        sc_clear_error();
+        /* both ranks' all-reduce in one group: the first failure's status and message (a
+         * call refused inside the group leaves its rank out: the other one's all-reduce then
+         * ends by its timeout, as a rank that never joins) */
+        sc_status st = sc_comm_group_begin();
+        const char *step = "sc_comm_group_begin: ";
+        for (int r = 0; r < 2 && st == SC_OK; r++) {
+            sc_buffer x = r ? x1 : x0;
+            st = sc_comm_all_reduce(comms[r], SC_DEFAULT_STREAM, sc_view_of(x), sc_view_of(x),
+                                    SC_REDUCE_SUM);
+            step = "sc_comm_all_reduce: ";
+        }
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", sc_last_error());
+        sc_status end = sc_comm_group_end();
+        if (st == SC_OK) {
+            st = end;
+            step = "sc_comm_group_end: ";
+            snprintf(msg, sizeof msg, "%s", sc_last_error());
+        }
+        const bool hit = sci_fault_fired();
+        sci_fault_disarm();
+        if (!hit) {
+            CHECK_OK(st);
+            break;
+        }
+        fired++;
+        if (st != SC_OK) {
+            failed++;
+            /* the failing call is named, with the driver's call and error */
+            if (strncmp(msg, step, strlen(step)) != 0 ||
+                !strstr(msg, "cuCtxSetCurrent failed: CUDA_ERROR_INVALID_CONTEXT (invalid "
+                             "device context)")) {
+                fprintf(stderr, "fault %d: status %d, message: %s\n", (int)nth, (int)st, msg);
+                test_failures++;
+            }
+        }
+        /* whatever happened, the waits end and the communicators answer */
+        for (int r = 0; r < 2; r++) {
+            sc_status w = sc_comm_synchronize(comms[r]);
+            CHECK(w == SC_OK || w == SC_ERR_COMM || w == SC_ERR_TIMEOUT || w == SC_ERR_DRIVER);
+            CHECK_OK(sc_context_synchronize(ctxs[r]));
+        }
+        sc_comm_props p0 = {0}, p1 = {0};
+        CHECK_OK(sc_comm_info(comms[0], &p0));
+        CHECK_OK(sc_comm_info(comms[1], &p1));
+        if (p0.aborted || p1.aborted) { /* a fresh pair for the next fault */
+            end_world(2);
+            world(2, 300);
+        }
+    }
+    printf("cuCtxSetCurrent failing in a 2-GPU group: %d faults fired, %d refused the group\n",
+           fired, failed);
+    CHECK(fired >= 2); /* the group switches to the other GPU and back at least */
+    CHECK(failed >= 1);
+    CHECK_OK(pair(x0, x1));
+    CHECK_OK(sc_comm_synchronize(comms[0]));
+    CHECK_OK(sc_comm_synchronize(comms[1]));
+    end_world(2);
+    CHECK_OK(sc_buffer_destroy(x0));
+    CHECK_OK(sc_buffer_destroy(x1));
+    close_contexts(2);
+    CHECK(ncclfault.live_comms() == 0);
+}
+
 static void test_leak(void)
 {
     open_contexts(2);
@@ -297,6 +379,7 @@ int main(void)
     TEST_RUN(test_nccl_errors);
     TEST_RUN(test_collective_timeouts);
     TEST_RUN(test_graph);
+    TEST_RUN(test_context_switch_faults);
     TEST_RUN(test_leak);
     CHECK(fake.misuse_count() == 0);
     CHECK(ncclfault.pending() == 0);
