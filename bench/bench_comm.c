@@ -393,10 +393,10 @@ int main(int argc, char **argv)
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&barrier);
     pthread_barrier_destroy(&rank_barrier);
-    for (int r = 0; r < nranks && !no_peer; r++) {
+    for (int r = 0; r < nranks && !no_peer; r++)
         NCCL_TRY(nccl.CommDestroy(raw[r]));
+    for (int r = 0; r < nranks && !no_peer; r++) /* (a destroy is blocking whatever the mode) */
         NCCL_TRY(nccl.CommDestroy(raw_nb[r]));
-    }
     for (int r = 0; r < nranks; r++)
         SC_TRY(sc_comm_destroy(comms[r]));
     for (int r = 0; r < nranks; r++) {
