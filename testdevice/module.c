@@ -446,13 +446,8 @@ static CUresult check_launch(const fake_func *fu, const unsigned g[3], const uns
     return CUDA_SUCCESS;
 }
 
-/* A launch: validated, then recorded on a capturing stream; otherwise nothing runs (this is
- * not a GPU), so it is refused, unless safecuda's own bookkeeping tests asked for launches
- * to be accepted without running. */
 /* A kernel runs in the context its module was loaded into, which must be the current one,
- * on a stream of that context (a built-in stream: the current one's); CUDA answers
- * CUDA_ERROR_INVALID_HANDLE otherwise. A stream a test moved to another context is not
- * looked at. */
+ * on a stream of that context; CUDA answers CUDA_ERROR_INVALID_HANDLE otherwise. */
 static CUresult launch_context(CUfunction f, CUstream s, const char *fn)
 {
     const fake_func *fu = (const fake_func *)(void *)f;
@@ -462,14 +457,16 @@ static CUresult launch_context(CUfunction f, CUstream s, const char *fn)
                          "a kernel of a module loaded in device %d's context launched while "
                          "device %d's is current",
                          mc ? mc->device : -1, current ? current->device : -1);
-    const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
-    if (!st || st->other_context)
-        return CUDA_SUCCESS;
-    return refuse_if(st->ctx != current, CUDA_ERROR_INVALID_HANDLE, fn,
+    const fake_ctx *sc = td_stream_ctx(s);
+    return refuse_if(sc && sc != current, CUDA_ERROR_INVALID_HANDLE, fn,
                      "a kernel launched on a stream of device %d's context while device %d's "
                      "is current",
-                     st->ctx ? st->ctx->device : -1, current ? current->device : -1);
+                     sc ? sc->device : -1, current ? current->device : -1);
 }
+
+/* A launch: validated, then recorded on a capturing stream; otherwise nothing runs (this is
+ * not a GPU), so it is refused, unless safecuda's own bookkeeping tests asked for launches
+ * to be accepted without running. */
 
 static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], unsigned shared,
                        CUstream s, void **params, void **extra, const launch_attrs *a,

@@ -100,13 +100,11 @@ CUresult f_cuStreamGetCtx(CUstream s, CUcontext *c)
     CUresult r;
     CHECKS(r, need_ctx(fn), not_null(c, fn, "context"), need_stream(s, fn));
     if (r == CUDA_SUCCESS) {
-        /* The built-in streams answer the current context, as CUDA does. A stream a test
-         * moved to another context answers a context that is not the primary one. */
+        /* A stream a test moved to another context answers a context that is not a
+         * primary one. */
         static int other;
-        const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
-        *c = st && st->other_context ? (CUcontext)(void *)&other
-             : st                    ? (CUcontext)(void *)st->ctx
-                                     : (CUcontext)(void *)current;
+        const fake_ctx *sc = td_stream_ctx(s);
+        *c = sc ? (CUcontext)(void *)sc : (CUcontext)(void *)&other;
     }
     td_unlock();
     return r;
@@ -210,16 +208,20 @@ CUresult f_cuEventDestroy(CUevent e)
     return r;
 }
 
-/* An event is recorded on a stream of its own context (a built-in stream: the current
- * one's); CUDA answers CUDA_ERROR_INVALID_HANDLE otherwise. A stream a test moved to
- * another context is not looked at. */
+const fake_ctx *td_stream_ctx(CUstream s)
+{
+    const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
+    return !st ? current : st->other_context ? NULL : st->ctx;
+}
+
+/* An event is recorded on a stream of its own context; CUDA answers
+ * CUDA_ERROR_INVALID_HANDLE otherwise. */
 static CUresult same_context(CUevent e, CUstream s, const char *fn)
 {
     const fake_event *ev = (const fake_event *)(void *)e;
-    const fake_stream *st = (uintptr_t)s > 2 ? (const fake_stream *)(void *)s : NULL;
-    if (st && st->other_context)
+    const fake_ctx *sc = td_stream_ctx(s);
+    if (!sc)
         return CUDA_SUCCESS;
-    const fake_ctx *sc = st ? st->ctx : current;
     return refuse_if(ev->ctx != sc, CUDA_ERROR_INVALID_HANDLE, fn,
                      "an event of device %d's context recorded on a stream of device %d's",
                      ev->ctx ? ev->ctx->device : -1, sc ? sc->device : -1);

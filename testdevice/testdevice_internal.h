@@ -225,6 +225,10 @@ CUresult need_ctx(const char *fn);
 CUresult device_ok(CUdevice d, const char *fn);
 /* A live stream, or one of the built-in ones (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
 CUresult need_stream(CUstream s, const char *fn);
+/* A live stream's context (stream.c): a created stream's own, the current one for the
+ * built-in streams (as CUDA answers); NULL for a stream a test moved to a context of its
+ * own (safecuda_testdevice_move_stream_to_other_context), which no check looks at. */
+const fake_ctx *td_stream_ctx(CUstream s);
 /* A live event, pool, module, function. */
 CUresult event_ok(CUevent e, const char *fn);
 CUresult pool_ok(CUmemoryPool p, const char *fn);

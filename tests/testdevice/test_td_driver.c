@@ -14,6 +14,17 @@
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, int *);
 static get_proc_fn get_proc;
 static int (*misuse)(void);
+static const char *(*last_misuse)(void);
+
+/* The test device's message for its last refusal is want. */
+#define EXPECT_MISUSE(want)                                                               \
+    do {                                                                                  \
+        if (strcmp(last_misuse(), (want)) != 0) {                                         \
+            fprintf(stderr, "%s:%d: misuse message\n  got:  %s\n  want: %s\n", __FILE__,    \
+                    __LINE__, last_misuse(), (want));                                     \
+            test_failures++;                                                              \
+        }                                                                                 \
+    } while (0)
 
 /* The table, resolved as safecuda resolves it. */
 #define ROW_FIELD(name, ver, req, params, args) CUresult (*name) params;
@@ -74,6 +85,8 @@ static void test_contexts(long (*live_device)(void))
     EXPECT(cu.cuEventRecord(e0, s0), CUDA_SUCCESS, 0);
     EXPECT(cu.cuEventRecord(e1, s1), CUDA_SUCCESS, 0);
     EXPECT(cu.cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE, 1);
+    EXPECT_MISUSE("cuEventRecord: an event of device 0's context recorded on a stream of "
+                  "device 1's");
     EXPECT(cu.cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE, 1);
     EXPECT(cu.cuEventRecord(e0, NULL), CUDA_ERROR_INVALID_HANDLE, 1); /* c1 current */
     EXPECT(cu.cuEventRecord(e1, NULL), CUDA_SUCCESS, 0);
@@ -91,9 +104,13 @@ static void test_contexts(long (*live_device)(void))
     EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS, 0);
     EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, s1, params, NULL),
            CUDA_ERROR_INVALID_HANDLE, 1); /* device 1's stream */
+    EXPECT_MISUSE("cuLaunchKernel: a kernel launched on a stream of device 1's context while "
+                  "device 0's is current");
     EXPECT(cu.cuCtxSetCurrent(c1), CUDA_SUCCESS, 0);
     EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, s1, params, NULL),
            CUDA_ERROR_INVALID_HANDLE, 1); /* device 0's module */
+    EXPECT_MISUSE("cuLaunchKernel: a kernel of a module loaded in device 0's context launched "
+                  "while device 1's is current");
     EXPECT(cu.cuLaunchKernel(add0, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL),
            CUDA_ERROR_INVALID_HANDLE, 1);
     EXPECT(cu.cuModuleUnload(m0), CUDA_SUCCESS, 0);
@@ -139,6 +156,7 @@ int main(void)
     *(void **)&init = sym(h, "cuInit");
     *(void **)&get_proc = sym(h, "cuGetProcAddress_v2");
     *(void **)&misuse = sym(h, "safecuda_testdevice_misuse_count");
+    *(void **)&last_misuse = sym(h, "safecuda_testdevice_last_misuse");
     sym(h, "cuDriverGetVersion");
     sym(h, "cuGetErrorName");
     sym(h, "cuGetErrorString");
